@@ -1,0 +1,141 @@
+"""The streamworks error tree.
+
+Every error streamworks raises derives from :class:`StreamworksError`::
+
+    StreamworksError
+    ├── ConfigurationError (ValueError)    bad settings, handler signatures, names
+    ├── DecodeError                        an entry or payload that cannot be decoded (poison)
+    ├── BackendError                       Redis failed or answered something unexpected
+    ├── PublishError                       a message could not be published
+    │   ├── NoShardsError                  the stream has zero shards (E14)
+    │   ├── RoutingUnavailableError        routing lease expired without refresh (E1), retryable
+    │   └── ShardRetiredError              routing kept pointing at retired shards (E16)
+    ├── OwnershipError                     this member may not touch a shard (any more)
+    │   ├── FencedError                    the shard's owner fence names someone else
+    │   └── LeaseExpiredError              the local assignment lease ran out (E1)
+    ├── CoordinatorError                   the coordinator answered with an error
+    │   └── CoordinatorUnavailableError    no coordinator URL answered, retryable
+    └── NotConnectedError                  publishing from an app with no open connection
+
+Control-flow signals a handler raises are *not* errors and live apart, under
+:class:`HandlerSignal`: :class:`Retry` and :class:`Skip`.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "BackendError",
+    "ConfigurationError",
+    "CoordinatorError",
+    "CoordinatorUnavailableError",
+    "DecodeError",
+    "FencedError",
+    "HandlerSignal",
+    "LeaseExpiredError",
+    "NoShardsError",
+    "NotConnectedError",
+    "OwnershipError",
+    "PublishError",
+    "Retry",
+    "RoutingUnavailableError",
+    "ShardRetiredError",
+    "Skip",
+    "StreamworksError",
+)
+
+
+class StreamworksError(Exception):
+    """Root of every error raised by streamworks."""
+
+
+class ConfigurationError(StreamworksError, ValueError):
+    """Invalid settings, names or handler declarations."""
+
+
+class DecodeError(StreamworksError):
+    """A stream entry or its payload cannot be decoded: a poison message."""
+
+
+class BackendError(StreamworksError):
+    """Redis failed, or answered in a way streamworks does not expect."""
+
+
+class PublishError(StreamworksError):
+    """A message could not be published."""
+
+    retryable: bool = False
+
+
+class NoShardsError(PublishError):
+    """The stream's routing has zero shards (E14)."""
+
+
+class RoutingUnavailableError(PublishError):
+    """The routing lease expired and could not be refreshed; publishing fails closed (E1)."""
+
+    retryable = True
+
+
+class ShardRetiredError(PublishError):
+    """Publishing kept hitting retired shards after bounded routing refreshes (E16)."""
+
+    retryable = True
+
+
+class OwnershipError(StreamworksError):
+    """This member may not (or no longer) read a shard."""
+
+
+class FencedError(OwnershipError):
+    """The shard's owner fence names another grant: ownership moved on."""
+
+
+class LeaseExpiredError(OwnershipError):
+    """The member's local assignment lease expired (E1)."""
+
+
+class CoordinatorError(StreamworksError):
+    """The coordinator answered a request with an error.
+
+    Attributes:
+        code: the API error code, e.g. ``CONFLICT`` or ``METADATA_UNAVAILABLE``.
+        retryable: whether the same request may succeed later without operator action.
+    """
+
+    def __init__(self, code: str, message: str, *, retryable: bool = False, status: int = 0):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+
+
+class CoordinatorUnavailableError(CoordinatorError):
+    """No configured coordinator URL answered."""
+
+    def __init__(self, message: str):
+        super().__init__("COORDINATOR_UNAVAILABLE", message, retryable=True)
+
+
+class NotConnectedError(StreamworksError):
+    """The app has no open connection; use ``async with app.connect()``."""
+
+
+class HandlerSignal(Exception):  # noqa: N818 - signals are not errors
+    """Base of the control-flow signals a handler may raise."""
+
+
+class Retry(HandlerSignal):
+    """Ask for the message to be retried after ``delay`` seconds (counts as an attempt).
+
+    With ``delay=None`` the handler's retry policy chooses the backoff.
+    """
+
+    def __init__(self, delay: float | None = None, reason: str = "retry requested"):
+        super().__init__(reason)
+        self.delay = delay
+        self.reason = reason
+
+
+class Skip(HandlerSignal):
+    """Acknowledge the message without processing it further."""

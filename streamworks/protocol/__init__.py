@@ -1,0 +1,1 @@
+"""Wire formats shared by the data plane, the coordinator and its clients."""

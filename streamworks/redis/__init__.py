@@ -1,0 +1,1 @@
+"""Everything that knows Redis key names, scripts and connections."""

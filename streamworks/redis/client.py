@@ -1,0 +1,47 @@
+"""Redis client factory: redis-py asyncio with hiredis, configured for streams.
+
+Two settings matter for correctness, not just speed:
+
+* The socket timeout stays well above any ``BLOCK`` streamworks issues. redis-py 8
+  defaults to 5 s and *re-sends* a command that timed out, which for a consumer
+  read would orphan the first reply's entries in the pending list.
+* Automatic retries are off. A re-sent ``XREADGROUP`` or ``XADD`` after a lost reply
+  is not harmless; the reader and producer handle connection errors themselves
+  (the reader re-claims its own pending entries, see ``runtime/reader.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from streamworks.settings import Settings
+
+__all__ = ("RedisClient", "create_redis")
+
+#: What streamworks accepts as a client: a single server or a cluster.
+RedisClient = Redis | RedisCluster
+
+#: Seconds of slack kept between the longest BLOCK and the socket timeout.
+_TIMEOUT_MARGIN = 5.0
+
+
+def create_redis(settings: Settings, *, max_connections: int | None = None) -> Any:
+    """Create an asyncio client for ``settings.redis_url`` (``redis://``, ``rediss://``,
+    ``unix://``); a cluster client when ``settings.redis_cluster`` is set."""
+    options: dict[str, Any] = {
+        "socket_timeout": settings.worker.block + _TIMEOUT_MARGIN,
+        "socket_connect_timeout": 5.0,
+        "decode_responses": False,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 30,
+    }
+    if max_connections is not None:
+        options["max_connections"] = max_connections
+    if settings.redis_cluster:
+        options.pop("health_check_interval")
+        return RedisCluster.from_url(settings.redis_url, **options)
+    return Redis.from_url(settings.redis_url, **options)

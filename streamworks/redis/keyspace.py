@@ -1,0 +1,99 @@
+"""Every Redis key streamworks uses, built in one place.
+
+Hash tags decide which keys share a Redis Cluster slot:
+
+* all control-plane keys of a namespace share the tag ``{<prefix>}``, so one Lua
+  script may touch several of them atomically;
+* each shard has its own tag ``{<prefix>:<stream>/<index>@<incarnation>}`` shared by
+  the stream key, its per-group owner fences and retry records, and its publish
+  dedup records, so the fenced read, the takeover claim, the idempotent publish and
+  the drain-and-retire check each run as one script in the shard's slot;
+* dead-letter streams and idempotency records are spread by their own names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamworks.protocol.shards import ShardId
+
+__all__ = ("Keyspace",)
+
+
+@dataclass(frozen=True, slots=True)
+class Keyspace:
+    """Key names under one prefix (``Settings.key_prefix``)."""
+
+    prefix: str = "sw"
+
+    # -- data plane: one slot per shard -------------------------------------------------
+    def shard_tag(self, shard: ShardId) -> str:
+        return f"{{{self.prefix}:{shard}}}"
+
+    def stream(self, shard: ShardId) -> str:
+        """The shard's Redis Stream."""
+        return f"{self.shard_tag(shard)}:stream"
+
+    def fence(self, shard: ShardId, group: str) -> str:
+        """Owner fence of ``group`` on the shard: ``<grant epoch>:<member id>``."""
+        return f"{self.shard_tag(shard)}:fence:{group}"
+
+    def retries(self, shard: ShardId, group: str) -> str:
+        """Hash entry id -> ``<failed attempts>:<due ms>`` for entries awaiting a retry."""
+        return f"{self.shard_tag(shard)}:retry:{group}"
+
+    def dedup(self, shard: ShardId, event_id: str) -> str:
+        """Shard-level publish dedup record of ``event_id`` (outlives the shard, E18)."""
+        return f"{self.shard_tag(shard)}:dedup:{event_id}"
+
+    # -- per group --------------------------------------------------------------------
+    def dead_letters(self, group: str, stream: str) -> str:
+        """Dead-letter stream of ``group`` for messages of ``stream``."""
+        return f"{self.prefix}:dlq:{{{group}:{stream}}}"
+
+    def idempotency(self, group: str, key: str) -> str:
+        """Default idempotency store record for a handler's idempotency key."""
+        return f"{self.prefix}:idem:{group}:{key}"
+
+    # -- control plane: one slot for the namespace ----------------------------------
+    @property
+    def control_tag(self) -> str:
+        return f"{{{self.prefix}}}"
+
+    def group_meta(self, group: str) -> str:
+        """Group metadata hash: header fields plus one field per member."""
+        return f"{self.control_tag}:group:{group}"
+
+    def group_mutex(self, group: str) -> str:
+        return f"{self.control_tag}:group:{group}:mutex"
+
+    def group_leases(self, group: str) -> str:
+        """Sorted set member id -> lease expiry (ms, Redis clock)."""
+        return f"{self.control_tag}:group:{group}:leases"
+
+    def stream_meta(self, stream: str) -> str:
+        """Stream metadata hash: shard layout, routing version, migration record."""
+        return f"{self.control_tag}:stream:{stream}"
+
+    def stream_mutex(self, stream: str) -> str:
+        return f"{self.control_tag}:stream:{stream}:mutex"
+
+    def registry_streams(self) -> str:
+        """Every stream ever created (tells 'new' from 'lost', E21)."""
+        return f"{self.control_tag}:registry:streams"
+
+    def registry_groups(self) -> str:
+        """Every group ever created."""
+        return f"{self.control_tag}:registry:groups"
+
+    def registry_subscriptions(self, stream: str) -> str:
+        """Groups that have a Redis consumer group on every shard of ``stream``."""
+        return f"{self.control_tag}:registry:subscriptions:{stream}"
+
+    def epoch_floor(self) -> str:
+        """Highest epoch ever issued in the namespace (keeps epochs monotonic, E19)."""
+        return f"{self.control_tag}:epoch-floor"
+
+    def status(self) -> str:
+        """Monitoring projection (never read back as truth)."""
+        return f"{self.control_tag}:status"

@@ -1,0 +1,53 @@
+"""Registry of the Lua scripts in ``streamworks/redis/lua``.
+
+Scripts are read with :mod:`importlib.resources` and registered once per client;
+redis-py's script objects call ``EVALSHA`` and reload on ``NOSCRIPT``. Every key a
+script touches is passed in ``KEYS`` (built by :class:`~streamworks.redis.keyspace.Keyspace`),
+never assembled inside Lua, so each script stays within one Cluster slot.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+__all__ = ("SCRIPT_NAMES", "Scripts", "load_script")
+
+#: Every script shipped with streamworks (file name without ``.lua``).
+SCRIPT_NAMES = (
+    "claim",
+    "fence",
+    "group_create",
+    "publish_dedup",
+    "read",
+    "retire",
+    "shard_create",
+    "trim",
+)
+
+
+@cache
+def load_script(name: str) -> str:
+    """Return the source of ``lua/<name>.lua`` from the installed package."""
+    return (resources.files("streamworks.redis") / "lua" / f"{name}.lua").read_text("utf-8")
+
+
+class Scripts:
+    """The scripts, registered on one redis-py asyncio client."""
+
+    claim: AsyncScript
+    fence: AsyncScript
+    group_create: AsyncScript
+    publish_dedup: AsyncScript
+    read: AsyncScript
+    retire: AsyncScript
+    shard_create: AsyncScript
+    trim: AsyncScript
+
+    def __init__(self, client: Any) -> None:
+        for name in SCRIPT_NAMES:
+            setattr(self, name, client.register_script(load_script(name)))

@@ -1,0 +1,110 @@
+"""Settings, read from ``STREAMWORKS_*`` environment variables at the edge.
+
+Settings are built once by the CLI, ``App(settings=...)`` or ``TestRuntime`` and
+passed down explicitly; library code never reads the environment itself.
+
+Nested groups use ``__``: ``STREAMWORKS_WORKER__READ_BATCH=200``. Durations are
+seconds (floats). Every default below is meant for production.
+
+===============================  =====================  ==========================================
+setting                          default                meaning
+===============================  =====================  ==========================================
+``redis_url``                    redis://127.0.0.1:6379 ``redis://``, ``rediss://`` (TLS), ``unix://``
+``redis_cluster``                false                  connect with the Redis Cluster client
+``key_prefix``                   ``sw``                 namespace of every key streamworks writes
+``coordinator_urls``             http://127.0.0.1:7400  one or more coordinator URLs (comma-separated)
+``token`` / ``admin_token``      none                   bearer tokens for the coordinator API
+``heartbeat_interval``           1.0                    member heartbeat period
+``lease_ttl``                    10.0                   member lease; the server expires members after it
+``rebalance_timeout``            60.0                   time a member has to drain a revoked shard
+``routing_lease``                30.0                   how long a producer may use cached routing
+``stale_member_retention``       600.0                  how long expired member records are kept
+``worker.read_batch``            100                    entries per fenced read
+``worker.block``                 1.0                    longest wait for new entries per shard
+``worker.shutdown_timeout``      30.0                   in-flight work allowed to finish on SIGTERM
+``worker.lease_grace``           5.0                    in-flight work allowed after the lease expires
+===============================  =====================  ==========================================
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ("CoordinatorSettings", "ProducerSettings", "Settings", "WorkerSettings")
+
+
+class WorkerSettings(BaseModel):
+    """Tuning of the data plane (``streamworks worker``)."""
+
+    read_batch: int = Field(100, ge=1, le=10_000, description="entries per fenced read")
+    read_ahead: int = Field(2, ge=1, le=64, description="batches in flight per shard")
+    block: float = Field(1.0, gt=0, le=30, description="longest wait for new entries (s)")
+    shutdown_timeout: float = Field(30.0, ge=0, description="in-flight time on SIGTERM (s)")
+    lease_grace: float = Field(5.0, ge=0, description="in-flight time after lease loss (s)")
+    ack_batch: int = Field(1000, ge=1, description="most acks sent in one pipeline")
+    trim_interval: float = Field(1.0, gt=0, description="ack-delete/retention trim period (s)")
+    idempotency_ttl: float = Field(86_400.0, gt=0, description="completed idempotency keys (s)")
+    idempotency_claim_ttl: float = Field(300.0, gt=0, description="in-progress claims (s)")
+
+
+class ProducerSettings(BaseModel):
+    """Tuning of producers."""
+
+    max_reroutes: int = Field(5, ge=1, le=100, description="refresh+retry rounds on nil XADD")
+    sticky_batch: int = Field(100, ge=1, description="unkeyed messages per shard before moving on")
+    dedup_ttl: float = Field(3600.0, gt=0, description="shard-level publish dedup window (s)")
+
+
+class CoordinatorSettings(BaseModel):
+    """Tuning of a coordinator replica (``streamworks coordinator``)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(7400, ge=0, le=65535)
+    mutex_ttl: float = Field(5.0, gt=0, description="group/stream mutex expiry (s)")
+    mutex_wait: float = Field(2.0, gt=0, description="longest wait for a mutex (s)")
+    cas_retries: int = Field(5, ge=1, description="reload+retry rounds before CONFLICT")
+    loop_interval: float = Field(0.5, gt=0, description="expiry/deadline/migration loop period")
+    assignment_interval: float = Field(0.25, ge=0, description="batching of target computation")
+
+
+class Settings(BaseSettings):
+    """All streamworks settings. Read from ``STREAMWORKS_*``; flags override them."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STREAMWORKS_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        frozen=True,
+    )
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_cluster: bool = False
+    key_prefix: str = Field("sw", pattern=r"^[A-Za-z0-9._-]{1,32}$")
+    coordinator_urls: Annotated[list[str], NoDecode] = ["http://127.0.0.1:7400"]
+    token: SecretStr | None = None
+    admin_token: SecretStr | None = None
+
+    heartbeat_interval: float = Field(1.0, gt=0)
+    lease_ttl: float = Field(10.0, gt=0)
+    rebalance_timeout: float = Field(60.0, gt=0)
+    routing_lease: float = Field(30.0, gt=0)
+    stale_member_retention: float = Field(600.0, ge=0)
+
+    worker: WorkerSettings = WorkerSettings()
+    producer: ProducerSettings = ProducerSettings()
+    coordinator: CoordinatorSettings = CoordinatorSettings()
+
+    @field_validator("coordinator_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [u.strip() for u in value.split(",") if u.strip()]
+        return value
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """Return a copy with ``changes`` applied (None values are ignored)."""
+        kept = {k: v for k, v in changes.items() if v is not None}
+        return self.model_copy(update=kept) if kept else self

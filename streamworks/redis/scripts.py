@@ -22,6 +22,7 @@ SCRIPT_NAMES = (
     "claim",
     "fence",
     "group_create",
+    "prune_consumers",
     "publish_dedup",
     "read",
     "retire",
@@ -42,6 +43,7 @@ class Scripts:
     claim: AsyncScript
     fence: AsyncScript
     group_create: AsyncScript
+    prune_consumers: AsyncScript
     publish_dedup: AsyncScript
     read: AsyncScript
     retire: AsyncScript

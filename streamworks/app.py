@@ -1,0 +1,342 @@
+"""The application object: streams, handlers and producers of one consumer group.
+
+An :class:`App` is one consumer group. It declares streams (``app.stream``), handlers
+(``@app.handler``) and producers (``@app.producer``), and publishes through the
+connection opened by ``app.connect()``, by a worker, or by a ``TestRuntime``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+
+import anyio
+import anyio.from_thread
+
+from streamworks.exceptions import ConfigurationError, NotConnectedError
+from streamworks.protocol.codec import Codec, JsonCodec
+from streamworks.protocol.shards import validate_name
+from streamworks.runtime.handler import HandlerSpec, Ordering, build_plan
+from streamworks.runtime.message import Context
+from streamworks.runtime.producer import Published, Record
+from streamworks.runtime.retry import RetryPolicy
+from streamworks.settings import Settings
+
+if TYPE_CHECKING:
+    from streamworks.runtime.connection import Connection
+    from streamworks.runtime.idempotency import IdempotencyStore
+
+__all__ = ("App", "StreamSpec")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: Where a new consumer group starts on a stream that already has entries.
+StartPosition = Literal["earliest", "latest"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """A stream declared by the app.
+
+    Attributes:
+        name: the stream name.
+        shards: shard count used when the stream is created (never to rescale it).
+        retention: seconds entries are kept at least; after that they are trimmed
+            once every group has acknowledged them. None keeps everything.
+        delete_on_ack: trim entries as soon as every group has acknowledged them.
+        dedup_window: seconds an event id is remembered per shard by idempotent
+            publish; None disables shard-level publish dedup.
+        start: where this group starts if the stream already exists.
+    """
+
+    name: str
+    shards: int
+    retention: float | None = None
+    delete_on_ack: bool = False
+    dedup_window: float | None = None
+    start: StartPosition = "earliest"
+
+
+class App:
+    """One consumer group: its streams, handlers and producers.
+
+    Args:
+        name: the group id (``[A-Za-z0-9._-]``, at most 100 characters).
+        settings: settings; defaults to ``Settings()`` read from ``STREAMWORKS_*``.
+        codec: payload codec; orjson by default.
+        idempotency_store: store for ``idempotency_key`` handlers; defaults to a
+            Redis store in the worker's Redis.
+        middleware: reserved for hooks around handling (ordered, outermost first).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        settings: Settings | None = None,
+        codec: Codec | None = None,
+        idempotency_store: IdempotencyStore | None = None,
+        middleware: Sequence[Any] = (),
+    ) -> None:
+        self.name = validate_name("group", name)
+        self._settings = settings
+        self.codec: Codec = codec if codec is not None else JsonCodec()
+        self.idempotency_store = idempotency_store
+        self.middleware = tuple(middleware)
+        self.streams: dict[str, StreamSpec] = {}
+        self.handlers: dict[str, HandlerSpec] = {}
+        self._connection: Connection | None = None
+        self._connection_users = 0
+        self._sync_publisher: SyncPublisher | None = None
+
+    def __repr__(self) -> str:
+        return f"App({self.name!r}, streams={list(self.streams)}, handlers={list(self.handlers)})"
+
+    @property
+    def settings(self) -> Settings:
+        """The app's settings (read from the environment on first use if not given)."""
+        if self._settings is None:
+            self._settings = Settings()
+        return self._settings
+
+    # -- declarations ----------------------------------------------------------------
+    def stream(
+        self,
+        name: str,
+        *,
+        shards: int,
+        retention: float | None = None,
+        delete_on_ack: bool = False,
+        dedup_window: float | None = None,
+        start: StartPosition = "earliest",
+    ) -> StreamSpec:
+        """Declare a stream. Creating it happens through the coordinator; a declaration
+        never rescales an existing stream (use ``streamworks streams scale``)."""
+        validate_name("stream", name)
+        if not isinstance(shards, int) or shards < 0 or shards > 4096:
+            raise ConfigurationError(f"stream {name!r}: shards must be an int in 0..4096")
+        if retention is not None and retention <= 0:
+            raise ConfigurationError(f"stream {name!r}: retention must be positive")
+        if start not in ("earliest", "latest"):
+            raise ConfigurationError(f"stream {name!r}: start must be 'earliest' or 'latest'")
+        spec = StreamSpec(name, shards, retention, delete_on_ack, dedup_window, start)
+        self.streams[name] = spec
+        return spec
+
+    def handler(
+        self,
+        stream: str,
+        *,
+        retry: RetryPolicy | None = None,
+        ordering: Ordering = "key",
+        concurrency: int = 64,
+        idempotency_key: Callable[[Any, Context], str | None] | None = None,
+        timeout: float | None = None,
+    ) -> Callable[[Callable[P, T]], Callable[P, T]]:
+        """Register the handler of ``stream`` (one per stream per app).
+
+        Args:
+            stream: a stream declared with :meth:`stream`.
+            retry: attempts and backoff; ``RetryPolicy()`` by default.
+            ordering: ``"shard"`` one at a time per shard, ``"key"`` in order per
+                partition key (default), ``"none"`` fully parallel.
+            concurrency: messages in flight at once in this worker for this handler.
+            idempotency_key: ``(value, ctx) -> key``; enables the idempotency hooks.
+            timeout: seconds a single attempt may take before it counts as failed.
+        """
+        if stream not in self.streams:
+            raise ConfigurationError(
+                f"handler for undeclared stream {stream!r}: call app.stream({stream!r}, shards=N) first"
+            )
+        if stream in self.handlers:
+            raise ConfigurationError(f"stream {stream!r} already has a handler in app {self.name!r}")
+        if ordering not in ("shard", "key", "none"):
+            raise ConfigurationError(f"ordering must be 'shard', 'key' or 'none', not {ordering!r}")
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError("concurrency must be a positive int")
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError("timeout must be positive")
+
+        def register(fn: Callable[P, T]) -> Callable[P, T]:
+            self.handlers[stream] = HandlerSpec(
+                stream=stream,
+                fn=fn,
+                retry=retry or RetryPolicy(),
+                ordering=ordering,
+                concurrency=concurrency,
+                idempotency_key=idempotency_key,
+                timeout=timeout,
+                plan=build_plan(fn, self.codec),
+            )
+            return fn
+
+        return register
+
+    def producer(
+        self,
+        stream: str,
+        *,
+        key: Callable[[Any], str | None] | None = None,
+        event_id: Callable[[Any], str | None] | None = None,
+        headers: Callable[[Any], Mapping[str, str] | None] | None = None,
+    ) -> Callable[[Callable[P, Awaitable[Any]] | Callable[P, Any]], Callable[P, Awaitable[Published]]]:
+        """Decorate a function whose return value is published to ``stream``.
+
+        Calling the decorated function runs it, publishes the result to the shard its
+        key routes to, and returns :class:`~streamworks.Published`.
+        """
+        if stream not in self.streams:
+            raise ConfigurationError(
+                f"producer for undeclared stream {stream!r}: call app.stream({stream!r}, shards=N) first"
+            )
+
+        def decorate(fn: Callable[P, Any]) -> Callable[P, Awaitable[Published]]:
+            is_async = inspect.iscoroutinefunction(fn)
+
+            @functools.wraps(fn)
+            async def publish(*args: P.args, **kwargs: P.kwargs) -> Published:
+                value = await fn(*args, **kwargs) if is_async else fn(*args, **kwargs)
+                return await self.publish(
+                    stream,
+                    value,
+                    key=key(value) if key else None,
+                    event_id=event_id(value) if event_id else None,
+                    headers=headers(value) if headers else None,
+                )
+
+            return publish
+
+        return decorate
+
+    # -- publishing ------------------------------------------------------------------
+    @property
+    def connection(self) -> Connection:
+        """The open connection; raises NotConnectedError outside ``app.connect()``."""
+        if self._connection is None:
+            raise NotConnectedError(
+                f"app {self.name!r} is not connected: publish inside `async with app.connect():`, "
+                "a worker, or a TestRuntime"
+            )
+        return self._connection
+
+    async def publish(
+        self,
+        stream: str,
+        value: Any,
+        *,
+        key: str | None = None,
+        event_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Published:
+        """Publish one message to ``stream``."""
+        producer = self.connection.producer
+        return await producer.publish(stream, Record(value, key, event_id, headers))
+
+    async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
+        """Publish records in one pipeline; one :class:`Published` per record, in order."""
+        return await self.connection.producer.publish_many(stream, records)
+
+    # -- connections -----------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def connect(
+        self,
+        *,
+        redis_url: str | None = None,
+        coordinator_urls: Sequence[str] | None = None,
+    ) -> AsyncIterator[Connection]:
+        """Open the Redis and routing clients for publishing (re-entrant)."""
+        if self._connection is not None:
+            self._connection_users += 1
+            try:
+                yield self._connection
+            finally:
+                self._connection_users -= 1
+            return
+        from streamworks.runtime.connection import open_connection
+
+        settings = self.settings.with_overrides(
+            redis_url=redis_url,
+            coordinator_urls=list(coordinator_urls) if coordinator_urls else None,
+        )
+        async with open_connection(self, settings) as conn, self.attached(conn):
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def attached(self, connection: Connection) -> AsyncIterator[Connection]:
+        """Use ``connection`` for this app's publishing while the block runs."""
+        if self._connection is not None:
+            raise ConfigurationError(f"app {self.name!r} is already connected")
+        self._connection = connection
+        self._connection_users = 1
+        try:
+            yield connection
+        finally:
+            self._connection = None
+            self._connection_users = 0
+
+    @contextlib.contextmanager
+    def connect_sync(self, **kwargs: Any) -> Iterator[SyncPublisher]:
+        """Blocking variant of :meth:`connect` for synchronous code (Django/Flask views).
+
+        Runs an event loop in a background thread for the duration of the block.
+        """
+        with anyio.from_thread.start_blocking_portal() as portal:
+            cm = self.connect(**kwargs)
+            portal.call(cm.__aenter__)
+            publisher = self._sync_publisher = SyncPublisher(self, portal)
+            try:
+                yield publisher
+            finally:
+                self._sync_publisher = None
+                portal.call(cm.__aexit__, None, None, None)
+
+    def publish_sync(
+        self,
+        stream: str,
+        value: Any,
+        *,
+        key: str | None = None,
+        event_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Published:
+        """Publish from synchronous code: inside ``connect_sync()`` it reuses that
+        connection, otherwise it opens and closes one around this message."""
+        if self._sync_publisher is not None:
+            return self._sync_publisher.publish(
+                stream, value, key=key, event_id=event_id, headers=headers
+            )
+        with self.connect_sync() as publisher:
+            return publisher.publish(stream, value, key=key, event_id=event_id, headers=headers)
+
+
+class SyncPublisher:
+    """Blocking publishing handle returned by ``App.connect_sync()``."""
+
+    def __init__(self, app: App, portal: Any) -> None:
+        self._app = app
+        self._portal = portal
+
+    def publish(
+        self,
+        stream: str,
+        value: Any,
+        *,
+        key: str | None = None,
+        event_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Published:
+        result: Published = self._portal.call(
+            functools.partial(
+                self._app.publish, stream, value, key=key, event_id=event_id, headers=headers
+            )
+        )
+        return result
+
+    def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
+        result: list[Published] = self._portal.call(self._app.publish_many, stream, records)
+        return result

@@ -1,0 +1,1 @@
+"""The data plane: reading owned shards, running handlers, acking, retrying, DLQ, producing."""

@@ -1,0 +1,269 @@
+"""Running one message through its handler, and what follows: ack, retry or DLQ.
+
+:meth:`HandlerRuntime.process` is the straight line every message takes once the
+dispatcher gives it a turn:
+
+1. poison check — an entry that could not be parsed, or whose payload does not
+   decode/validate into the handler's parameter type, goes to the dead-letter stream
+   at once, never retried;
+2. idempotency — with ``idempotency_key=``, a key already completed means a
+   duplicate: ack without calling the handler (E23);
+3. the handler — async in place, sync in a worker thread; ``Skip`` acks,
+   ``Retry``/exceptions/timeouts count as failed attempts;
+4. settle — success: queue the ack (batched, see ``acks.py``); failure: persist the
+   attempt count and due time in the shard's retry record, then retry after the
+   backoff; attempts exhausted: dead-letter, then ack.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from redis.exceptions import RedisError
+
+from streamworks.exceptions import DecodeError, Retry, Skip
+from streamworks.runtime.dispatcher import Dispatcher, Outcome
+from streamworks.runtime.handler import HandlerSpec, bind_arguments
+from streamworks.runtime.message import Context, Message
+
+if TYPE_CHECKING:
+    from streamworks.app import App
+    from streamworks.runtime.acks import Acker
+    from streamworks.runtime.idempotency import IdempotencyStore
+    from streamworks.runtime.worker import Worker
+
+__all__ = ("HandlerRuntime", "HandlerStatistics")
+
+log = logging.getLogger("streamworks.handler")
+
+#: Delay before re-trying a message whose DLQ write or idempotency check could not
+#: be done (Redis trouble); not counted as an attempt.
+_INFRA_RETRY = 1.0
+
+
+class HandlerStatistics:
+    """Counters of one handler in one worker."""
+
+    __slots__ = ("dead_lettered", "duplicates", "failed", "handled", "poison", "retried", "skipped")
+
+    def __init__(self) -> None:
+        self.handled = 0  # handler returned (or Skip): acked
+        self.failed = 0  # attempts that raised (including Retry and timeouts)
+        self.retried = 0  # re-runs scheduled
+        self.dead_lettered = 0
+        self.poison = 0  # dead-lettered because undecodable
+        self.duplicates = 0  # skipped by the idempotency store
+        self.skipped = 0  # handler raised Skip
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class HandlerRuntime:
+    """One handler's execution inside a worker."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        spec: HandlerSpec,
+        acker: Acker,
+        idempotency: IdempotencyStore | None,
+    ) -> None:
+        self.worker = worker
+        self.app: App = worker.app
+        self.spec = spec
+        self.plan = spec.plan
+        self.acker = acker
+        self.idempotency = idempotency
+        self.statistics = HandlerStatistics()
+        self.dead_letter_key = worker.keyspace.dead_letters(worker.group, spec.stream)
+        self.dispatcher = Dispatcher(spec.ordering, spec.concurrency, self.process, self._dropped)
+        self._limiter = anyio.CapacityLimiter(spec.concurrency)
+        self._claim_ttl = worker.settings.worker.idempotency_claim_ttl
+        self._logger = logging.LoggerAdapter(
+            logging.getLogger("streamworks.app"), {"group": worker.group, "stream": spec.stream}
+        )
+
+    def _dropped(self, message: Message) -> None:
+        reader = message._reader
+        if reader is not None:
+            reader.settle(message)
+
+    # -- the straight line ---------------------------------------------------------------
+    async def process(self, message: Message) -> Outcome:
+        """Run ``message`` and settle it; return a due time to run it again, or None."""
+        reader = message._reader
+        assert reader is not None
+        if not reader.accepting:
+            reader.settle(message)  # revoked/lease lost while queued: leave it pending
+            return None
+        if message._error is not None:
+            return await self._dead_letter(message, "poison", message._error)
+        plan = self.plan
+        value: Any = None
+        if plan.decode is not None:
+            try:
+                value = plan.decode(message.payload)
+            except DecodeError as e:
+                return await self._dead_letter(message, "poison", str(e))
+        context: Context | None = None
+        if plan.wants_context or self.spec.idempotency_key is not None:
+            context = Context(self.app, message, self._logger)
+        idem_key: str | None = None
+        if self.spec.idempotency_key is not None:
+            assert context is not None
+            try:
+                idem_key = self.spec.idempotency_key(value, context)
+            except Exception as e:
+                return await self._dead_letter(message, "poison", f"idempotency_key failed: {e!r}")
+            if idem_key is not None:
+                context.idempotency_key = idem_key
+                outcome = await self._claim(message, idem_key)
+                if outcome is not _CLAIMED:
+                    return outcome  # type: ignore[return-value]
+        try:
+            await self._call(value, message, context)
+        except Skip:
+            self.statistics.skipped += 1
+        except Retry as signal:
+            await self._release(idem_key)
+            return await self._failed(message, signal.reason, signal.delay)
+        except Exception as e:  # the handler's failure, whatever it is
+            await self._release(idem_key)
+            return await self._failed(message, f"{type(e).__name__}: {e}", None)
+        except BaseException:
+            # Cancelled (hard stop after the lease grace): the entry stays pending.
+            reader.settle(message)
+            raise
+        if idem_key is not None and self.idempotency is not None:
+            try:
+                await self.idempotency.complete(idem_key)
+            except RedisError as e:
+                log.warning("idempotency complete(%s) failed: %s", idem_key, e)
+        self.statistics.handled += 1
+        self.acker.ack(message)
+        return None
+
+    async def _call(self, value: Any, message: Message, context: Context | None) -> None:
+        plan = self.plan
+        fn = self.spec.fn
+        if plan.order == ("value",):
+            args: list[Any] = [value]
+        else:
+            args = bind_arguments(plan, value, message, context)
+        timeout = self.spec.timeout
+        if plan.is_async:
+            if timeout is None:
+                await fn(*args)
+            else:
+                with anyio.fail_after(timeout):
+                    await fn(*args)
+        else:
+            call = functools.partial(fn, *args)
+            if timeout is None:
+                await anyio.to_thread.run_sync(call, limiter=self._limiter)
+            else:
+                with anyio.fail_after(timeout):
+                    await anyio.to_thread.run_sync(
+                        call, limiter=self._limiter, abandon_on_cancel=True
+                    )
+
+    # -- idempotency -------------------------------------------------------------------
+    async def _claim(self, message: Message, key: str) -> object:
+        store = self.idempotency
+        assert store is not None
+        try:
+            if await store.claim(key, self._claim_ttl):
+                return _CLAIMED
+            if await store.is_completed(key):
+                self.statistics.duplicates += 1
+                self.acker.ack(message)
+                return None
+        except RedisError as e:
+            log.warning("idempotency claim(%s) failed: %s", key, e)
+        # Claimed by someone else and not completed (or the store failed): try later,
+        # without counting an attempt.
+        return time.monotonic() + _INFRA_RETRY
+
+    async def _release(self, key: str | None) -> None:
+        if key is None or self.idempotency is None:
+            return
+        try:
+            await self.idempotency.release(key)
+        except RedisError as e:
+            log.warning("idempotency release(%s) failed: %s", key, e)
+
+    # -- failure paths -------------------------------------------------------------------
+    async def _failed(self, message: Message, error: str, delay: float | None) -> Outcome:
+        stats = self.statistics
+        stats.failed += 1
+        failures = message._failures + 1
+        message._failures = failures
+        policy = self.spec.retry
+        if failures >= policy.max_attempts:
+            return await self._dead_letter(message, "max_attempts", error)
+        wait = policy.delay(failures) if delay is None else max(0.0, delay)
+        due_ms = int(time.time() * 1000 + wait * 1000)
+        reader = message._reader
+        assert reader is not None
+        try:
+            # Persisted so the attempt count and backoff survive this member's crash.
+            await self.worker.redis.hset(reader.retry_key, message.id, f"{failures}:{due_ms}")
+            message._retry_record = True
+        except RedisError as e:
+            log.warning("could not persist retry record of %s: %s", message.id, e)
+        stats.retried += 1
+        log.info(
+            "%s %s failed (attempt %d/%d): %s; retry in %.2fs",
+            message.shard,
+            message.id,
+            failures,
+            policy.max_attempts,
+            error,
+            wait,
+        )
+        return time.monotonic() + wait
+
+    async def _dead_letter(self, message: Message, reason: str, error: str) -> Outcome:
+        """Write the message to the group's dead-letter stream, then ack it."""
+        reader = message._reader
+        assert reader is not None
+        fields: dict[str | bytes, Any] = {}
+        raw = message._fields
+        if isinstance(raw, list):
+            for i in range(0, len(raw) - 1, 2):
+                name = raw[i]
+                fields[b"o." + (name if isinstance(name, bytes) else str(name).encode())] = raw[i + 1]
+        fields.update(
+            {
+                "reason": reason,
+                "error": error[:4000],
+                "attempts": str(message._failures),
+                "stream": message.stream,
+                "shard": message.shard,
+                "entry_id": message.id,
+                "group": self.worker.group,
+                "member": self.worker.member_id,
+                "failed_at": str(int(time.time() * 1000)),
+            }
+        )
+        try:
+            await self.worker.redis.xadd(self.dead_letter_key, fields)
+        except RedisError as e:
+            log.warning("dead-letter write of %s failed (%s); will retry", message.id, e)
+            return time.monotonic() + _INFRA_RETRY
+        self.statistics.dead_lettered += 1
+        if reason == "poison":
+            self.statistics.poison += 1
+        log.warning(
+            "dead-lettered %s %s (%s): %s", message.shard, message.id, reason, error[:200]
+        )
+        self.acker.ack(message)
+        return None
+
+
+_CLAIMED = object()

@@ -1,0 +1,47 @@
+"""The member's local assignment lease (E1).
+
+A member may process its shards only until the send time of its last successful
+heartbeat plus the lease TTL minus a safety margin (monotonic clock), so it stops
+before the coordinator can hand its shards to someone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+__all__ = ("Lease",)
+
+
+class Lease:
+    """A deadline on the monotonic clock, renewed by the assignment source."""
+
+    def __init__(self, deadline: float = 0.0) -> None:
+        self._deadline = deadline
+        self._renewed = asyncio.Event()
+        self.renewals = 0
+        self.losses = 0
+
+    @property
+    def deadline(self) -> float:
+        return self._deadline
+
+    def valid(self) -> bool:
+        return time.monotonic() < self._deadline
+
+    def renew(self, deadline: float) -> None:
+        """Extend (or shorten) the lease to ``deadline`` (``time.monotonic()`` based)."""
+        self._deadline = deadline
+        self.renewals += 1
+        if self.valid():
+            self._renewed.set()
+
+    def expire(self) -> None:
+        """End the lease now (e.g. the member was fenced)."""
+        self._deadline = 0.0
+
+    async def wait_valid(self) -> None:
+        """Wait until the lease is valid again."""
+        while not self.valid():
+            self._renewed.clear()
+            await self._renewed.wait()

@@ -1,0 +1,112 @@
+"""What a handler receives: :class:`Message` (the entry) and :class:`Context`.
+
+A ``Message`` is created once per delivered entry by the shard reader and carries it
+all the way to its ack, so it also holds the runtime's private bookkeeping (the
+reader it came from, failures so far, when it is due).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamworks.app import App
+    from streamworks.runtime.producer import Published
+    from streamworks.runtime.reader import ShardReader
+
+__all__ = ("Context", "Message")
+
+
+class Message:
+    """One stream entry as delivered to a handler.
+
+    Attributes:
+        id: the Redis entry id (``"1718000000000-0"``).
+        stream: the logical stream name.
+        shard: the shard id (``"orders/3@0"``).
+        key: the partition key, or None.
+        event_id: the producer's event id, or None.
+        headers: string headers.
+        attempt: 1 on the first delivery, counting every earlier failed attempt,
+            including those made by a member that crashed.
+        published_at: publish time, ms since the epoch.
+        payload: the raw payload bytes.
+    """
+
+    __slots__ = (
+        "_error",
+        "_failures",
+        "_fields",
+        "_reader",
+        "_retry_record",
+        "due",
+        "event_id",
+        "headers",
+        "id",
+        "key",
+        "payload",
+        "published_at",
+        "shard",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        stream: str,
+        shard: str,
+        payload: bytes,
+        key: str | None = None,
+        event_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        published_at: int = 0,
+    ) -> None:
+        self.id = id
+        self.stream = stream
+        self.shard = shard
+        self.payload = payload
+        self.key = key
+        self.event_id = event_id
+        self.headers: Mapping[str, str] = headers or {}
+        self.published_at = published_at
+        # Runtime bookkeeping.
+        self.due = 0.0  # monotonic time before which the message must not run
+        self._failures = 0
+        self._retry_record = False  # a retry record exists in Redis for this entry
+        self._reader: ShardReader | None = None
+        self._fields: list[Any] | None = None  # raw entry fields (kept for the DLQ)
+        self._error: str | None = None  # set when the entry is poison
+
+    @property
+    def attempt(self) -> int:
+        """1 on the first delivery; failed attempts so far + 1."""
+        return self._failures + 1
+
+    def __repr__(self) -> str:
+        return f"Message(shard={self.shard!r}, id={self.id!r}, key={self.key!r})"
+
+
+class Context:
+    """Per-message context: the message, its idempotency key, a logger, and publishing."""
+
+    __slots__ = ("app", "idempotency_key", "logger", "message")
+
+    def __init__(self, app: App, message: Message, logger: logging.LoggerAdapter[Any]) -> None:
+        self.app = app
+        self.message = message
+        self.logger = logger
+        self.idempotency_key: str | None = None
+
+    async def publish(
+        self,
+        stream: str,
+        value: Any,
+        *,
+        key: str | None = None,
+        event_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Published:
+        """Publish through the app's connection (same routing as ``app.publish``)."""
+        return await self.app.publish(stream, value, key=key, event_id=event_id, headers=headers)

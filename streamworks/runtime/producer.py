@@ -1,0 +1,210 @@
+"""Publishing: route, encode, ``XADD NOMKSTREAM``, and re-route when a shard is gone.
+
+The path of one message: :meth:`Producer.publish` asks the routing source for a valid
+table (fails closed when the routing lease expired, E1), picks the shard (jump hash
+or sticky round-robin), encodes the entry and sends one ``XADD … NOMKSTREAM``. A nil
+reply means the shard key was retired by a scale-in: the table is invalidated, fresh
+routing fetched, and the message re-routed, a bounded number of times (E16). With an
+event id and a dedup window, the add goes through ``publish_dedup.lua`` instead,
+which skips an event id this shard already took (E18).
+
+:meth:`Producer.publish_many` does the same for a batch in one pipeline per round.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from streamworks.exceptions import BackendError, ShardRetiredError
+from streamworks.protocol.codec import Codec
+from streamworks.protocol.envelope import MAX_PAYLOAD, encode_fields
+from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import Scripts
+from streamworks.runtime.routing import RoutingSource, RoutingTable, ShardRoute
+
+__all__ = ("Producer", "Published", "Record")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One message for :meth:`Producer.publish_many`."""
+
+    value: Any
+    key: str | None = None
+    event_id: str | None = None
+    headers: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """Where a message was written.
+
+    Attributes:
+        stream: the logical stream.
+        shard: the shard id (``"orders/3@0"``).
+        entry_id: the Redis entry id.
+        routing_version: the routing version used.
+        duplicate: True when shard-level dedup found the event id already written
+            (``entry_id`` is then the earlier entry's id).
+    """
+
+    stream: str
+    shard: str
+    entry_id: str
+    routing_version: int
+    duplicate: bool = False
+
+
+class Producer:
+    """Publishes to sharded streams through a routing source."""
+
+    def __init__(
+        self,
+        redis: Any,
+        scripts: Scripts,
+        keyspace: Keyspace,
+        routing: RoutingSource,
+        codec: Codec,
+        *,
+        max_reroutes: int = 5,
+        sticky_batch: int = 100,
+        dedup_windows: Mapping[str, float] | None = None,
+    ) -> None:
+        self._redis = redis
+        self._scripts = scripts
+        self._keyspace = keyspace
+        self.routing = routing
+        self._codec = codec
+        self._max_reroutes = max_reroutes
+        self._sticky_batch = sticky_batch
+        # stream -> dedup window (ms) for shard-level idempotent publish by event id.
+        self._dedup_ms = {k: int(v * 1000) for k, v in (dedup_windows or {}).items() if v}
+        self.statistics = ProducerStatistics()
+
+    def _fields(self, record: Record) -> list[bytes | str]:
+        payload = self._codec.encode(record.value)
+        if len(payload) > MAX_PAYLOAD:
+            raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+        headers = dict(record.headers) if record.headers else None
+        return encode_fields(
+            payload, record.key, record.event_id, headers, int(time.time() * 1000)
+        )
+
+    async def publish(self, stream: str, record: Record) -> Published:
+        """Publish one message; see the module docstring for the path it takes."""
+        fields = self._fields(record)
+        for _ in range(self._max_reroutes):
+            table = await self.routing.routing(stream)
+            route = table.route(record.key, self._sticky_batch)
+            try:
+                result = await self._add(stream, route, record.event_id, fields)
+            except RedisError as e:
+                raise BackendError(f"publish to {route.shard} failed: {e}") from e
+            if result is not None:
+                entry_id, duplicate = result
+                self.statistics.published += 1
+                return Published(stream, str(route.shard), entry_id, table.version, duplicate)
+            self._retired(stream, table)
+        raise ShardRetiredError(
+            f"stream {stream!r}: routing still pointed at retired shards after "
+            f"{self._max_reroutes} refreshes"
+        )
+
+    async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
+        """Publish a batch, pipelined; results are in the order of ``records``."""
+        encoded = [self._fields(r) for r in records]
+        results: list[Published | None] = [None] * len(records)
+        todo = list(range(len(records)))
+        for _ in range(self._max_reroutes):
+            table = await self.routing.routing(stream)
+            routes = [table.route(records[i].key, self._sticky_batch) for i in todo]
+            pipe = self._redis.pipeline(transaction=False)
+            for i, route in zip(todo, routes, strict=True):
+                self._queue_add(pipe, stream, route, records[i].event_id, encoded[i])
+            try:
+                replies = await pipe.execute(raise_on_error=True)
+            except RedisError as e:
+                raise BackendError(f"publish_many to {stream!r} failed: {e}") from e
+            retry: list[int] = []
+            for i, route, reply in zip(todo, routes, replies, strict=True):
+                parsed = self._parse_add(reply, records[i].event_id)
+                if parsed is None:
+                    retry.append(i)
+                else:
+                    results[i] = Published(stream, str(route.shard), parsed[0], table.version, parsed[1])
+            self.statistics.published += len(todo) - len(retry)
+            if not retry:
+                return [r for r in results if r is not None]
+            self._retired(stream, table)
+            todo = retry
+        raise ShardRetiredError(
+            f"stream {stream!r}: {len(todo)} messages still routed to retired shards after "
+            f"{self._max_reroutes} refreshes"
+        )
+
+    def _retired(self, stream: str, table: RoutingTable) -> None:
+        # E16: the key was retired after this table was issued; nothing was written.
+        self.statistics.reroutes += 1
+        self.routing.invalidate(stream, table.version)
+
+    async def _add(
+        self, stream: str, route: ShardRoute, event_id: str | None, fields: list[bytes | str]
+    ) -> tuple[str, bool] | None:
+        window = self._dedup_ms.get(stream) if event_id is not None else None
+        if window:
+            assert event_id is not None
+            reply = await self._scripts.publish_dedup(
+                keys=[route.key, self._keyspace.dedup(route.shard, event_id)],
+                args=[window, *fields],
+            )
+        else:
+            reply = await self._redis.execute_command("XADD", route.key, "NOMKSTREAM", "*", *fields)
+        return self._parse_add(reply, event_id)
+
+    def _queue_add(
+        self,
+        pipe: Any,
+        stream: str,
+        route: ShardRoute,
+        event_id: str | None,
+        fields: list[bytes | str],
+    ) -> None:
+        window = self._dedup_ms.get(stream) if event_id is not None else None
+        if window:
+            assert event_id is not None
+            self._scripts.publish_dedup(
+                keys=[route.key, self._keyspace.dedup(route.shard, event_id)],
+                args=[window, *fields],
+                client=pipe,
+            )
+        else:
+            pipe.execute_command("XADD", route.key, "NOMKSTREAM", "*", *fields)
+
+    def _parse_add(self, reply: Any, event_id: str | None) -> tuple[str, bool] | None:
+        """``(entry id, duplicate)``, or None when the shard key no longer exists."""
+        if reply is None:
+            return None
+        if isinstance(reply, list):  # publish_dedup.lua
+            status = reply[0]
+            if status == -1:
+                return None
+            entry = reply[1]
+            entry_id = entry.decode() if isinstance(entry, bytes) else str(entry)
+            if status == 0:
+                self.statistics.duplicates += 1
+            return entry_id, status == 0
+        return (reply.decode() if isinstance(reply, bytes) else str(reply)), False
+
+
+@dataclass(slots=True)
+class ProducerStatistics:
+    """Counters of one producer."""
+
+    published: int = 0
+    duplicates: int = 0
+    reroutes: int = 0

@@ -1,0 +1,288 @@
+"""Reading one owned shard: takeover, fenced reads, waiting, draining.
+
+A :class:`ShardReader` exists while its member owns (or still drains) a shard. It
+runs in two phases:
+
+1. **takeover** — claim the group's pending entries on the shard (previous owners'
+   and its own) with the fenced ``claim.lua``, looping on the ``XAUTOCLAIM``
+   cursor, and hand them to the dispatcher first, each with the retry record that
+   carries its attempt count across crashes; then prune consumers that own nothing.
+2. **live** — fenced ``read.lua`` of new entries; when there are none, a plain
+   ``XREAD BLOCK`` from the last entry id waits for more (``BLOCK`` is not allowed
+   inside scripts on Redis <= 7.2, and a blocking wait that does not read cannot
+   steal entries from a newer owner).
+
+Every read is checked against the shard's owner fence inside the script, so a member
+that lost the shard (e.g. paused past its lease) cannot pull entries into its pending
+list. Reads happen only while the local lease is valid, and a reply that arrives
+after the lease expired is not processed: its entries stay pending and the reader
+re-runs the takeover phase before reading again. Any connection error does the same,
+since a lost reply may have delivered entries nobody will process otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from redis.exceptions import RedisError, ResponseError
+
+from streamworks.exceptions import DecodeError
+from streamworks.protocol.envelope import parse_fields
+from streamworks.protocol.shards import ShardId
+from streamworks.runtime.message import Message
+
+if TYPE_CHECKING:
+    from streamworks.runtime.execution import HandlerRuntime
+    from streamworks.runtime.worker import Worker
+
+__all__ = ("ReaderState", "ShardReader")
+
+log = logging.getLogger("streamworks.reader")
+
+
+class ReaderState:
+    """Why a reader stopped reading (``ShardReader.stop_reason``)."""
+
+    DRAINED = "drained"  # revoked; finished in-flight work
+    FENCED = "fenced"  # the owner fence names another grant
+    RETIRED = "retired"  # the shard key no longer exists
+    NO_GROUP = "no-group"  # the consumer group is missing on the shard
+    STOPPED = "stopped"  # shutdown or lease loss
+
+
+class ShardReader:
+    """Reads one shard for one group and feeds its handler's dispatcher."""
+
+    def __init__(self, worker: Worker, shard: ShardId, token: str, runtime: HandlerRuntime):
+        keyspace = worker.keyspace
+        self.worker = worker
+        self.shard = shard
+        self.shard_name = str(shard)
+        self.token = token
+        self.runtime = runtime
+        self.group = worker.group
+        self.consumer = worker.member_id
+        self.stream_key = keyspace.stream(shard)
+        self.fence_key = keyspace.fence(shard, self.group)
+        self.retry_key = keyspace.retries(shard, self.group)
+        self.accepting = True  # False once draining/stopped: queued messages are dropped
+        self.stop_reason: str | None = None
+        self.outstanding = 0  # messages handed to the dispatcher and not yet settled
+        self.held: set[str] = set()  # their ids (a takeover pass skips them)
+        self.recovering = True  # run the takeover phase before the next live read
+        self.acked_since_trim = False
+        self._limit = worker.settings.worker.read_batch * worker.settings.worker.read_ahead
+        self._batch = worker.settings.worker.read_batch
+        self._block_ms = int(worker.settings.worker.block * 1000)
+        self._cursor = "0-0"
+        self._turn = asyncio.Event()
+        self._turn.set()
+        self._idle = asyncio.Event()  # set while outstanding == 0
+        self._idle.set()
+        self._scope: anyio.CancelScope | None = None
+        self._errors = 0
+
+    def __repr__(self) -> str:
+        return f"ShardReader({self.shard_name}, token={self.token!r})"
+
+    # -- the read loop ---------------------------------------------------------------
+    async def run(self) -> None:
+        """Read until the reader is stopped, fenced, or its shard is gone."""
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            while self.accepting:
+                await self._wait_turn()
+                if not self.accepting:
+                    break
+                try:
+                    if self.recovering:
+                        await self._claim_round()
+                    else:
+                        await self._read_round()
+                    self._errors = 0
+                except (RedisError, OSError) as e:
+                    await self._backoff(e)
+        self._scope = None
+
+    async def _wait_turn(self) -> None:
+        lease = self.worker.lease
+        while self.accepting:
+            if not lease.valid():
+                await lease.wait_valid()
+                self.recovering = True  # entries may have been left pending meanwhile
+                continue
+            if self.outstanding >= self._limit:
+                self._turn.clear()
+                await self._turn.wait()
+                continue
+            return
+
+    async def _backoff(self, error: BaseException) -> None:
+        self._errors += 1
+        self.recovering = True
+        delay = min(2.0, 0.05 * 2 ** min(self._errors, 6))
+        if isinstance(error, ResponseError) and "NOGROUP" in str(error):
+            self._stop(ReaderState.NO_GROUP)
+            log.error("consumer group missing on %s; stopped reading it", self.shard_name)
+            return
+        log.warning("read of %s failed (%s); retrying in %.2fs", self.shard_name, error, delay)
+        await anyio.sleep(delay)
+
+    async def _read_round(self) -> None:
+        reply = await self.worker.scripts.read(
+            keys=[self.stream_key, self.fence_key],
+            args=[self.group, self.consumer, self.token, self._batch],
+        )
+        status = reply[0]
+        if status == 1:
+            self._deliver(reply[1], None)
+        elif status == 0:
+            await self._wait_for_entries(reply[1])
+        else:
+            self._refused(status, reply)
+
+    async def _claim_round(self) -> None:
+        reply = await self.worker.scripts.claim(
+            keys=[self.stream_key, self.fence_key, self.retry_key],
+            args=[self.group, self.consumer, self.token, self._cursor, self._batch],
+        )
+        status = reply[0]
+        if status != 1:
+            self._refused(status, reply)
+            return
+        cursor = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        self._deliver(reply[2], reply[3])
+        if cursor == "0-0":
+            self._cursor = "0-0"
+            self.recovering = False
+            await self.worker.scripts.prune_consumers(
+                keys=[self.stream_key], args=[self.group, self.consumer]
+            )
+        else:
+            self._cursor = cursor
+
+    async def _wait_for_entries(self, last_id: bytes) -> None:
+        # A plain blocking XREAD (no group): it only waits, so it cannot take entries
+        # from anyone, and it runs on a pooled connection whose socket timeout stays
+        # above the BLOCK time (redis/client.py).
+        await self.worker.redis.execute_command(
+            "XREAD", "BLOCK", self._block_ms, "COUNT", 1, "STREAMS", self.stream_key, last_id
+        )
+
+    def _refused(self, status: int, reply: list[Any]) -> None:
+        if status == -1:
+            current = reply[1].decode() if len(reply) > 1 and reply[1] else ""
+            log.warning(
+                "fenced out of %s: fence is %r, our grant is %r",
+                self.shard_name,
+                current,
+                self.token,
+            )
+            self._stop(ReaderState.FENCED)
+        elif status == -2:
+            log.info("shard %s no longer exists (retired)", self.shard_name)
+            self._stop(ReaderState.RETIRED)
+        else:  # pragma: no cover - scripts return only the statuses above
+            raise RuntimeError(f"unexpected read status {status!r}")
+
+    # -- handing entries to the dispatcher ------------------------------------------------
+    def _deliver(self, entries: list[Any], records: list[Any] | None) -> None:
+        if not entries:
+            return
+        if not self.worker.lease.valid() or not self.accepting:
+            # Arrived after the lease expired (or we were told to stop): not processed.
+            self.recovering = True
+            return
+        messages: list[Message] = []
+        held = self.held
+        stream = self.shard.stream
+        shard = self.shard_name
+        now_ms = 0
+        for i, (raw_id, raw_fields) in enumerate(entries):
+            entry_id = raw_id.decode()
+            if entry_id in held:
+                continue
+            try:
+                payload, key, event_id, headers, published_at = parse_fields(raw_fields)
+                message = Message(entry_id, stream, shard, payload, key, event_id, headers, published_at)
+            except DecodeError as e:
+                message = Message(entry_id, stream, shard, b"")
+                message._error = str(e)
+            message._reader = self
+            if records is not None and records[i]:
+                if not now_ms:
+                    now_ms = int(time.time() * 1000)
+                _apply_retry_record(message, records[i], now_ms)
+            message._fields = raw_fields
+            held.add(entry_id)
+            messages.append(message)
+        if messages:
+            self.outstanding += len(messages)
+            self._idle.clear()
+            self.runtime.dispatcher.submit(messages)
+
+    # -- settling ------------------------------------------------------------------------
+    def settle(self, message: Message) -> None:
+        """``message`` is done with here (acked, dead-lettered or dropped)."""
+        self.held.discard(message.id)
+        self.outstanding -= 1
+        self._after_settle()
+
+    def settle_many(self, messages: Iterable[Message]) -> None:
+        held = self.held
+        n = 0
+        for message in messages:
+            held.discard(message.id)
+            n += 1
+        self.outstanding -= n
+        self.acked_since_trim = True
+        self._after_settle()
+
+    def _after_settle(self) -> None:
+        if self.outstanding < self._limit:
+            self._turn.set()
+        if self.outstanding == 0:
+            self._idle.set()
+
+    def ack_failed(self) -> None:
+        """An ack flush failed: the entries stay pending, so claim them again."""
+        self.recovering = True
+
+    # -- stopping ------------------------------------------------------------------------
+    def _stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.accepting = False
+        self._turn.set()
+        if self._scope is not None:
+            self._scope.cancel()
+        # Queued messages of this shard are dropped; running ones finish.
+        self.runtime.dispatcher.discard(lambda m: m._reader is not self)
+        self.worker.reader_stopped(self)
+
+    def stop(self, reason: str = ReaderState.STOPPED) -> None:
+        """Stop reading; queued messages are dropped (they stay pending in Redis)."""
+        if self.accepting:
+            self._stop(reason)
+
+    async def wait_idle(self) -> None:
+        """Wait until every message handed out has settled (handled and acked)."""
+        await self._idle.wait()
+
+
+def _apply_retry_record(message: Message, record: bytes, now_ms: int) -> None:
+    """Restore failures and due time left by an earlier attempt (maybe another member)."""
+    try:
+        failures, due_ms = record.split(b":", 1)
+        message._failures = int(failures)
+        wait = (int(due_ms) - now_ms) / 1000
+    except ValueError:
+        return
+    message._retry_record = True
+    if wait > 0:
+        message.due = time.monotonic() + wait

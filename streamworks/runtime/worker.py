@@ -1,0 +1,299 @@
+"""A worker: one member of an app's consumer group.
+
+The worker owns the data plane of one process. Its assignment source (the
+coordinator's heartbeat loop, or a static map) tells it which shards it may read and
+under which grant; the worker runs one :class:`~streamworks.runtime.reader.ShardReader`
+per owned shard, one dispatcher per handler, one acker and one trimmer, all in one
+anyio task group, and keeps reading only while its lease is valid.
+
+Shutdown is graceful: stop reading, let in-flight messages finish within
+``shutdown_timeout``, flush acks, then leave the group so the shards move at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from redis.exceptions import RedisError
+
+from streamworks.protocol.shards import ShardId
+from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import Scripts
+from streamworks.runtime.acks import Acker
+from streamworks.runtime.execution import HandlerRuntime
+from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencyStore
+from streamworks.runtime.lease import Lease
+from streamworks.runtime.reader import ReaderState, ShardReader
+from streamworks.settings import Settings
+
+if TYPE_CHECKING:
+    from streamworks.app import App
+    from streamworks.runtime.assignment import AssignmentSource
+
+__all__ = ("Worker", "WorkerStatistics")
+
+log = logging.getLogger("streamworks.worker")
+
+
+class WorkerStatistics(dict[str, dict[str, int]]):
+    """Per-stream handler counters of a worker (``{stream: {counter: n}}``)."""
+
+
+class Worker:
+    """Runs an app's handlers on the shards its assignment source grants.
+
+    Args:
+        app: the app (its name is the group).
+        redis: an asyncio Redis client.
+        assignment: the assignment source.
+        settings: settings; the app's by default.
+        member_id: this member's id; a new UUID per process start by default.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        redis: Any,
+        assignment: AssignmentSource,
+        *,
+        settings: Settings | None = None,
+        member_id: str | None = None,
+    ) -> None:
+        self.app = app
+        self.group = app.name
+        self.settings = settings or app.settings
+        self.redis = redis
+        self.scripts = Scripts(redis)
+        self.keyspace = Keyspace(self.settings.key_prefix)
+        self.assignment = assignment
+        self.member_id = member_id or uuid.uuid4().hex
+        self.lease = Lease()
+        self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)
+        store: IdempotencyStore = app.idempotency_store or RedisIdempotencyStore(
+            redis,
+            self.keyspace,
+            self.group,
+            completed_ttl=self.settings.worker.idempotency_ttl,
+        )
+        self.handlers: dict[str, HandlerRuntime] = {
+            stream: HandlerRuntime(self, spec, self.acker, store)
+            for stream, spec in app.handlers.items()
+        }
+        self.readers: dict[ShardId, ShardReader] = {}
+        self.revoking: set[ShardId] = set()
+        self.fenced: set[ShardId] = set()
+        self._tg: TaskGroup | None = None
+        self._stopping = False
+        self._stop_requested = anyio.Event()
+        self._changed = anyio.Event()
+
+    def __repr__(self) -> str:
+        return f"Worker({self.group!r}, member={self.member_id[:8]}, shards={len(self.readers)})"
+
+    @property
+    def subscriptions(self) -> frozenset[str]:
+        """The streams this member handles."""
+        return frozenset(self.handlers)
+
+    # -- running ---------------------------------------------------------------------
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until :meth:`request_stop` (or cancellation); then stop gracefully."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self.acker.run)
+                for runtime in self.handlers.values():
+                    tg.start_soon(runtime.dispatcher.run)
+                tg.start_soon(self._trim_loop)
+                tg.start_soon(self._lease_watchdog)
+                await tg.start(self._run_assignment)
+                task_status.started()
+                await self._stop_requested.wait()
+                await self._stop_gracefully()
+                tg.cancel_scope.cancel()
+        finally:
+            self._tg = None
+
+    async def _run_assignment(self, *, task_status: TaskStatus[None]) -> None:
+        await self.assignment.run(self, task_status=task_status)
+
+    def request_stop(self) -> None:
+        """Begin a graceful stop (idempotent)."""
+        self._stop_requested.set()
+
+    async def _stop_gracefully(self) -> None:
+        self._stopping = True
+        timeout = self.settings.worker.shutdown_timeout
+        for reader in list(self.readers.values()):
+            reader.stop(ReaderState.STOPPED)
+        with anyio.move_on_after(timeout) as scope:
+            for reader in list(self.readers.values()):
+                await reader.wait_idle()
+            await self.acker.flush_now()
+        if scope.cancelled_caught:
+            log.warning("shutdown timeout (%.1fs): in-flight work left pending", timeout)
+        with anyio.move_on_after(5, shield=True):
+            await self.assignment.leave(self)
+        log.info("worker %s stopped", self.member_id)
+
+    # -- assignment surface (used by assignment sources) ----------------------------------
+    def owned_shards(self) -> frozenset[ShardId]:
+        """Shards being read or with work in flight (reported as ``ownedShards``)."""
+        return frozenset(self.readers)
+
+    def revoking_shards(self) -> frozenset[ShardId]:
+        """Shards told to drain and still draining (reported as ``revokingShards``)."""
+        return frozenset(self.revoking)
+
+    def apply_assignment(self, grants: Mapping[ShardId, str]) -> None:
+        """Read exactly ``grants`` (shard -> grant token) from now on.
+
+        New shards get a reader (takeover first); a shard whose grant token changed is
+        re-read under the new token. Shards not in ``grants`` are left alone: revoking
+        them is :meth:`start_drain`, losing them is :meth:`drop_shards`.
+        """
+        if self._stopping:
+            return
+        for shard, token in grants.items():
+            self.fenced.discard(shard)
+            reader = self.readers.get(shard)
+            if reader is not None and reader.token == token and reader.accepting:
+                continue
+            if shard in self.revoking:
+                continue  # still draining; it is granted again once the drain is reported
+            if reader is not None:
+                if reader.token != token and reader.accepting:
+                    # Same shard, newer grant (e.g. after a rejoin): continue under it.
+                    reader.token = token
+                    reader.recovering = True
+                    continue
+                if not reader.accepting:
+                    continue  # stopping; re-granted once its in-flight work settled
+            self._start_reader(shard, token)
+
+    def _start_reader(self, shard: ShardId, token: str) -> None:
+        runtime = self.handlers.get(shard.stream)
+        if runtime is None:
+            log.error("granted %s but this app has no handler for %r", shard, shard.stream)
+            return
+        reader = ShardReader(self, shard, token, runtime)
+        self.readers[shard] = reader
+        assert self._tg is not None
+        self._tg.start_soon(self._run_reader, reader)
+        log.info("reading %s (grant %s)", shard, token)
+
+    async def _run_reader(self, reader: ShardReader) -> None:
+        try:
+            await reader.run()
+        finally:
+            # In-flight messages of a stopped reader still finish and ack.
+            await reader.wait_idle()
+            if self.readers.get(reader.shard) is reader:
+                del self.readers[reader.shard]
+            self.revoking.discard(reader.shard)
+            self._changed.set()
+            self._changed = anyio.Event()
+
+    def start_drain(self, shards: Iterable[ShardId]) -> None:
+        """DRAIN: stop reading ``shards``, finish and ack in-flight work, then drop them.
+
+        Until then they are reported in :meth:`revoking_shards`, and a revoking shard
+        is never read again on this grant, whatever happens to heartbeats (E7).
+        """
+        for shard in shards:
+            reader = self.readers.get(shard)
+            if reader is None:
+                continue
+            self.revoking.add(shard)
+            reader.stop(ReaderState.DRAINED)
+
+    def drop_shards(self, shards: Iterable[ShardId] | None = None) -> None:
+        """Stop reading ``shards`` (all when None) at once: fenced or unknown member.
+
+        In-flight work finishes; queued messages stay pending for the next owner.
+        """
+        for shard in list(self.readers) if shards is None else shards:
+            reader = self.readers.get(shard)
+            if reader is not None:
+                reader.stop(ReaderState.STOPPED)
+
+    def reader_stopped(self, reader: ShardReader) -> None:
+        """Called by a reader that stopped (drained, fenced, retired, ...)."""
+        if reader.stop_reason == ReaderState.FENCED:
+            self.fenced.add(reader.shard)
+
+    async def wait_changed(self) -> None:
+        """Wait until a reader finished (a drain completed, a shard was dropped)."""
+        await self._changed.wait()
+
+    # -- lease ---------------------------------------------------------------------------
+    async def _lease_watchdog(self) -> None:
+        """When the lease runs out: stop handing out queued work at once, let running
+        handlers finish within ``lease_grace``, then cancel them (their entries stay
+        pending). Readers pause on their own and re-run takeover once renewed."""
+        lease = self.lease
+        grace = self.settings.worker.lease_grace
+        while True:
+            if lease.deadline == math.inf:
+                await lease.wait_valid()
+                await anyio.sleep(3600)
+                continue
+            delay = lease.deadline - time.monotonic()
+            if delay > 0:
+                await anyio.sleep(min(delay, 1.0))
+                continue
+            if not self.readers:
+                await lease.wait_valid()
+                continue
+            lease.losses += 1
+            log.warning("assignment lease expired: pausing %d shards", len(self.readers))
+            for runtime in self.handlers.values():
+                runtime.dispatcher.discard(lambda m: False)
+            with anyio.move_on_after(grace):
+                while any(r.running for r in self.handlers.values()) and not lease.valid():
+                    await anyio.sleep(0.05)
+            if not lease.valid():
+                for runtime in self.handlers.values():
+                    runtime.dispatcher.cancel_running()
+            await lease.wait_valid()
+
+    # -- trimming ------------------------------------------------------------------------
+    async def _trim_loop(self) -> None:
+        """Ack-delete and retention: trim each shard's head below the all-groups
+        low-water mark (``trim.lua``), never with XDEL (E12)."""
+        interval = self.settings.worker.trim_interval
+        specs = {
+            name: spec
+            for name, spec in self.app.streams.items()
+            if spec.delete_on_ack or spec.retention
+        }
+        if not specs:
+            return
+        while True:
+            await anyio.sleep(interval)
+            for reader in list(self.readers.values()):
+                spec = specs.get(reader.shard.stream)
+                if spec is None or not reader.acked_since_trim:
+                    continue
+                reader.acked_since_trim = False
+                cap = ""
+                if not spec.delete_on_ack and spec.retention:
+                    cap = f"{int((time.time() - spec.retention) * 1000)}-0"
+                try:
+                    await self.scripts.trim(keys=[reader.stream_key], args=[cap])
+                except RedisError as e:
+                    log.warning("trim of %s failed: %s", reader.shard, e)
+
+    # -- statistics ----------------------------------------------------------------------
+    def statistics(self) -> WorkerStatistics:
+        """Handler counters per stream."""
+        return WorkerStatistics(
+            {stream: rt.statistics.as_dict() for stream, rt in self.handlers.items()}
+        )

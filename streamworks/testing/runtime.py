@@ -1,0 +1,304 @@
+"""``TestRuntime``: the real workers (and coordinator) in the test's own process.
+
+It runs against a real Redis: ``redis_url`` if given, else
+:envvar:`STREAMWORKS_TEST_REDIS_URL`, else an embedded server started for the
+runtime. Every runtime uses its own key prefix, so tests sharing one server never
+see each other's keys. Inside the ``async with`` block the app's ``publish`` and
+producers are connected to that Redis without further set-up.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from streamworks.app import App
+from streamworks.coordinator.provision import create_shards, grant_token, write_fence
+from streamworks.protocol.shards import ShardId
+from streamworks.redis.client import create_redis
+from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import Scripts
+from streamworks.runtime.assignment import StaticAssignment
+from streamworks.runtime.connection import Connection, open_connection
+from streamworks.runtime.worker import Worker
+from streamworks.settings import Settings
+from streamworks.testing.embedded import EmbeddedRedis
+
+__all__ = ("DeadLetter", "TestRuntime")
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One entry of a dead-letter stream."""
+
+    entry_id: str
+    reason: str
+    error: str
+    attempts: int
+    stream: str
+    shard: str
+    origin_id: str
+    payload: bytes | None
+    key: str | None
+    fields: dict[str, bytes]
+
+
+class _WorkerSlot:
+    def __init__(self, worker: Worker, scope: anyio.CancelScope) -> None:
+        self.worker = worker
+        self.scope = scope
+        self.done = anyio.Event()
+
+
+class TestRuntime:
+    """Real workers of ``app`` against a real Redis, inside the test process.
+
+    Args:
+        app: the app under test.
+        workers: number of in-process workers.
+        redis_url: Redis to use; else ``STREAMWORKS_TEST_REDIS_URL``, else embedded.
+        settings: base settings (the key prefix is replaced by a fresh one).
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        workers: int = 1,
+        redis_url: str | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        self.app = app
+        self._n_workers = workers
+        self._redis_url = redis_url or os.environ.get("STREAMWORKS_TEST_REDIS_URL")
+        base = settings or Settings()
+        self.settings = base.with_overrides(key_prefix=f"t{uuid.uuid4().hex[:10]}")
+        self.keyspace = Keyspace(self.settings.key_prefix)
+        self._server: EmbeddedRedis | None = None
+        self._tg: TaskGroup | None = None
+        self._exit: Any = None
+        self.redis: Any = None
+        self.scripts: Scripts | None = None
+        self.connection: Connection | None = None
+        self.slots: list[_WorkerSlot] = []
+        self._epoch = 0
+        self._connection_cm: Any = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def __aenter__(self) -> TestRuntime:
+        if self._redis_url is None:
+            self._server = EmbeddedRedis().start()
+            self._redis_url = self._server.url
+        self.settings = self.settings.with_overrides(redis_url=self._redis_url)
+        self.redis = create_redis(self.settings)
+        self.scripts = Scripts(self.redis)
+        await self._provision()
+        self._connection_cm = open_connection(self.app, self.settings, redis=self.redis)
+        self.connection = await self._connection_cm.__aenter__()
+        self._attach = self.app.attached(self.connection)
+        await self._attach.__aenter__()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        for _ in range(self._n_workers):
+            await self.add_worker(rebalance=False)
+        await self._rebalance()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            for slot in self.slots:
+                if not slot.done.is_set():
+                    slot.worker.request_stop()
+            if self._tg is not None:
+                with anyio.move_on_after(self.settings.worker.shutdown_timeout + 5):
+                    for slot in self.slots:
+                        await slot.done.wait()
+                self._tg.cancel_scope.cancel()
+                await self._tg.__aexit__(None, None, None)
+        finally:
+            await self._attach.__aexit__(None, None, None)
+            await self._connection_cm.__aexit__(None, None, None)
+            if self.redis is not None:
+                await _delete_prefix(self.redis, self.settings.key_prefix)
+                await self.redis.aclose()
+            if self._server is not None:
+                self._server.stop()
+
+    async def _provision(self) -> None:
+        assert self.scripts is not None
+        for spec in self.app.streams.values():
+            shards = [ShardId(spec.name, i) for i in range(spec.shards)]
+            await create_shards(self.scripts, self.keyspace, shards, [self.app.name])
+
+    # -- workers -------------------------------------------------------------------------
+    @property
+    def workers(self) -> list[Worker]:
+        """Workers that are running (not killed or stopped)."""
+        return [s.worker for s in self.slots if not s.done.is_set()]
+
+    async def add_worker(self, *, rebalance: bool = True) -> Worker:
+        """Start one more worker."""
+        assert self._tg is not None
+        worker = Worker(self.app, self.redis, StaticAssignment({}), settings=self.settings)
+        scope = anyio.CancelScope()
+        slot = _WorkerSlot(worker, scope)
+        self.slots.append(slot)
+
+        async def run() -> None:
+            try:
+                with scope:
+                    await worker.run()
+            finally:
+                slot.done.set()
+
+        self._tg.start_soon(run)
+        if rebalance:
+            await self._rebalance()
+        return worker
+
+    async def kill_worker(self, index: int) -> None:
+        """Crash worker ``index``: no drain, no ack flush, no leave. Its pending entries
+        stay in Redis for the next owner of its shards."""
+        slot = self.slots[index]
+        slot.scope.cancel()
+        await slot.done.wait()
+        await self._rebalance()
+
+    async def stop_worker(self, index: int) -> None:
+        """Stop worker ``index`` gracefully (SIGTERM semantics)."""
+        slot = self.slots[index]
+        slot.worker.request_stop()
+        await slot.done.wait()
+        await self._rebalance()
+
+    async def _rebalance(self) -> None:
+        """Static mode: deal every shard round-robin over the live workers, writing new
+        fences (a newer epoch per round) before granting."""
+        assert self.scripts is not None
+        live = [s for s in self.slots if not s.done.is_set()]
+        if not live:
+            return
+        self._epoch += 1
+        epoch = self._epoch
+        plan: list[dict[ShardId, str]] = [{} for _ in live]
+        i = 0
+        for spec in self.app.streams.values():
+            if spec.name not in self.app.handlers:
+                continue
+            for index in range(spec.shards):
+                shard = ShardId(spec.name, index)
+                slot = live[i % len(live)]
+                member = slot.worker.member_id
+                await write_fence(self.scripts, self.keyspace, shard, self.app.name, epoch, member)
+                plan[i % len(live)][shard] = grant_token(epoch, member)
+                i += 1
+        for slot, grants in zip(live, plan, strict=True):
+            worker = slot.worker
+            # Wait until the worker is running (its task group exists).
+            with anyio.fail_after(10):
+                while worker._tg is None and not slot.done.is_set():
+                    await anyio.sleep(0.005)
+            worker.lease.renew(math.inf)
+            gone = [s for s in worker.owned_shards() if s not in grants]
+            worker.drop_shards(gone)
+            worker.apply_assignment(grants)
+
+    # -- observation ---------------------------------------------------------------------
+    async def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until every group is drained: on every shard ``lag`` 0 and ``pending`` 0,
+        and no worker has a message in flight or waiting for a retry.
+
+        Raises:
+            TimeoutError: not idle within ``timeout`` seconds (with what is left).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            left = await self._work_left()
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"runtime not idle after {timeout}s: {left}")
+            await anyio.sleep(0.01)
+
+    async def _work_left(self) -> list[str]:
+        left: list[str] = []
+        for worker in self.workers:
+            for reader in worker.readers.values():
+                if reader.outstanding:
+                    left.append(f"{reader.shard_name}: {reader.outstanding} in flight")
+        for spec in self.app.streams.values():
+            if spec.name not in self.app.handlers:
+                continue
+            for index in range(spec.shards):
+                key = self.keyspace.stream(ShardId(spec.name, index))
+                for group in await self.redis.xinfo_groups(key):
+                    name = group["name"].decode()
+                    if group["pending"] or group["lag"] is None or group["lag"]:
+                        left.append(
+                            f"{key} {name}: pending={group['pending']} lag={group['lag']}"
+                        )
+        return left
+
+    def handled(self, stream: str) -> int:
+        """Messages of ``stream`` whose handler succeeded, over all workers so far."""
+        return sum(
+            s.worker.handlers[stream].statistics.handled
+            for s in self.slots
+            if stream in s.worker.handlers
+        )
+
+    def statistics(self, stream: str) -> dict[str, int]:
+        """Summed handler counters of ``stream`` over all workers so far."""
+        total: dict[str, int] = {}
+        for slot in self.slots:
+            runtime = slot.worker.handlers.get(stream)
+            if runtime is None:
+                continue
+            for name, value in runtime.statistics.as_dict().items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    async def dead_letters(self, stream: str) -> list[DeadLetter]:
+        """The app's dead-letter entries for ``stream``, oldest first."""
+        key = self.keyspace.dead_letters(self.app.name, stream)
+        out = []
+        for entry_id, fields in await self.redis.xrange(key):
+            text = {k.decode(): v for k, v in fields.items()}
+            out.append(
+                DeadLetter(
+                    entry_id=entry_id.decode(),
+                    reason=text["reason"].decode(),
+                    error=text["error"].decode(),
+                    attempts=int(text["attempts"]),
+                    stream=text["stream"].decode(),
+                    shard=text["shard"].decode(),
+                    origin_id=text["entry_id"].decode(),
+                    payload=text.get("o.v"),
+                    key=text["o.k"].decode() if "o.k" in text else None,
+                    fields=text,
+                )
+            )
+        return out
+
+    def shard_keys(self, stream: str) -> Sequence[str]:
+        spec = self.app.streams[stream]
+        return [self.keyspace.stream(ShardId(stream, i)) for i in range(spec.shards)]
+
+
+async def _delete_prefix(redis: Any, prefix: str) -> None:
+    """Remove every key of a test prefix (keeps a shared server clean)."""
+    patterns = [f"{prefix}:*", f"{{{prefix}:*", f"{{{prefix}}}*"]
+    for pattern in patterns:
+        batch = [key async for key in redis.scan_iter(match=pattern, count=1000)]
+        for i in range(0, len(batch), 500):
+            await redis.delete(*batch[i : i + 500])

@@ -154,7 +154,9 @@ class App:
                 f"handler for undeclared stream {stream!r}: call app.stream({stream!r}, shards=N) first"
             )
         if stream in self.handlers:
-            raise ConfigurationError(f"stream {stream!r} already has a handler in app {self.name!r}")
+            raise ConfigurationError(
+                f"stream {stream!r} already has a handler in app {self.name!r}"
+            )
         if ordering not in ("shard", "key", "none"):
             raise ConfigurationError(f"ordering must be 'shard', 'key' or 'none', not {ordering!r}")
         if not isinstance(concurrency, int) or concurrency < 1:
@@ -184,7 +186,9 @@ class App:
         key: Callable[[Any], str | None] | None = None,
         event_id: Callable[[Any], str | None] | None = None,
         headers: Callable[[Any], Mapping[str, str] | None] | None = None,
-    ) -> Callable[[Callable[P, Awaitable[Any]] | Callable[P, Any]], Callable[P, Awaitable[Published]]]:
+    ) -> Callable[
+        [Callable[P, Awaitable[Any]] | Callable[P, Any]], Callable[P, Awaitable[Published]]
+    ]:
         """Decorate a function whose return value is published to ``stream``.
 
         Calling the decorated function runs it, publishes the result to the shard its

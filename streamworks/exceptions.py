@@ -121,7 +121,7 @@ class NotConnectedError(StreamworksError):
     """The app has no open connection; use ``async with app.connect()``."""
 
 
-class HandlerSignal(Exception):  # noqa: N818 - signals are not errors
+class HandlerSignal(Exception):
     """Base of the control-flow signals a handler may raise."""
 
 

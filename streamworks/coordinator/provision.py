@@ -43,7 +43,10 @@ async def create_group(
     shards whose key is missing."""
     missing = []
     for shard in shards:
-        if int(await scripts.group_create(keys=[keyspace.stream(shard)], args=[group, start])) == -2:
+        if (
+            int(await scripts.group_create(keys=[keyspace.stream(shard)], args=[group, start]))
+            == -2
+        ):
             missing.append(shard)
     return missing
 

@@ -16,7 +16,14 @@ import orjson
 
 from streamworks.exceptions import DecodeError
 
-__all__ = ("FORMAT_VERSION", "MAX_PAYLOAD", "Envelope", "decode_fields", "encode_fields", "parse_fields")
+__all__ = (
+    "FORMAT_VERSION",
+    "MAX_PAYLOAD",
+    "Envelope",
+    "decode_fields",
+    "encode_fields",
+    "parse_fields",
+)
 
 #: The entry format written by this version of streamworks.
 FORMAT_VERSION = b"1"

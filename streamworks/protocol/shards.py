@@ -16,7 +16,9 @@ __all__ = ("NAME_PATTERN", "ShardId", "validate_name")
 
 #: Stream and group names: safe inside Redis keys, URLs and shard ids.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_SHARD_ID = re.compile(r"^(?P<stream>[A-Za-z0-9][A-Za-z0-9._-]{0,99})/(?P<index>\d{1,6})@(?P<inc>\d{1,9})$")
+_SHARD_ID = re.compile(
+    r"^(?P<stream>[A-Za-z0-9][A-Za-z0-9._-]{0,99})/(?P<index>\d{1,6})@(?P<inc>\d{1,9})$"
+)
 
 
 def validate_name(kind: str, name: str) -> str:
@@ -45,5 +47,7 @@ class ShardId:
         """Parse ``stream/index@incarnation``; raise ConfigurationError when malformed."""
         m = _SHARD_ID.match(text)
         if m is None:
-            raise ConfigurationError(f"invalid shard id {text!r}: expected stream/index@incarnation")
+            raise ConfigurationError(
+                f"invalid shard id {text!r}: expected stream/index@incarnation"
+            )
         return cls(m["stream"], int(m["index"]), int(m["inc"]))

@@ -76,7 +76,9 @@ class Dispatcher:
         self._timers: set[asyncio.TimerHandle] = set()
         self._parked: set[Message] = set()  # independent messages waiting in a timer
         self._scope: anyio.CancelScope | None = None
-        self.running = 0
+        self._quiet = asyncio.Event()  # set while nothing runs
+        self._quiet.set()
+        self._running = 0
 
     # -- feeding -------------------------------------------------------------------
     def _lane_key(self, message: Message) -> Hashable | None:
@@ -186,6 +188,24 @@ class Dispatcher:
                 handle.cancel()
             self._timers.clear()
 
+    @property
+    def running(self) -> int:
+        """Messages whose handler is running now."""
+        return self._running
+
+    def _started(self) -> None:
+        self._running += 1
+        self._quiet.clear()
+
+    def _finished(self) -> None:
+        self._running -= 1
+        if not self._running:
+            self._quiet.set()
+
+    async def wait_quiet(self) -> None:
+        """Wait until no handler is running."""
+        await self._quiet.wait()
+
     def cancel_running(self) -> None:
         """Cancel the handlers running now (their messages stay pending in Redis);
         runners restart at once for whatever is still queued."""
@@ -225,11 +245,11 @@ class Dispatcher:
         if message.due > time.monotonic():
             self._schedule(message, message.due)
             return
-        self.running += 1
+        self._started()
         try:
             due = await self._process(message)
         finally:
-            self.running -= 1
+            self._finished()
         if due is not None:
             message.due = due
             self._schedule(message, due)
@@ -248,11 +268,11 @@ class Dispatcher:
                 self._schedule(lane, message.due)  # park: the lane keeps its key
                 return
             message.due = _RUNNING
-            self.running += 1
+            self._started()
             try:
                 due = await self._process(message)
             finally:
-                self.running -= 1
+                self._finished()
             if due is not None:
                 message.due = due
                 self._schedule(lane, due)

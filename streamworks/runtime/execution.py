@@ -237,7 +237,9 @@ class HandlerRuntime:
         if isinstance(raw, list):
             for i in range(0, len(raw) - 1, 2):
                 name = raw[i]
-                fields[b"o." + (name if isinstance(name, bytes) else str(name).encode())] = raw[i + 1]
+                fields[b"o." + (name if isinstance(name, bytes) else str(name).encode())] = raw[
+                    i + 1
+                ]
         fields.update(
             {
                 "reason": reason,
@@ -259,9 +261,7 @@ class HandlerRuntime:
         self.statistics.dead_lettered += 1
         if reason == "poison":
             self.statistics.poison += 1
-        log.warning(
-            "dead-lettered %s %s (%s): %s", message.shard, message.id, reason, error[:200]
-        )
+        log.warning("dead-lettered %s %s (%s): %s", message.shard, message.id, reason, error[:200])
         self.acker.ack(message)
         return None
 

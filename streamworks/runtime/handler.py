@@ -21,7 +21,7 @@ from streamworks.protocol.codec import Codec
 from streamworks.runtime.message import Context, Message
 from streamworks.runtime.retry import RetryPolicy
 
-__all__ = ("Ordering", "HandlerSpec", "build_plan")
+__all__ = ("HandlerSpec", "Ordering", "build_plan")
 
 Ordering = Literal["shard", "key", "none"]
 Decoder = Callable[[bytes], Any]
@@ -173,7 +173,9 @@ def build_plan(fn: Callable[..., Any], codec: Codec) -> CallPlan:
     )
 
 
-def bind_arguments(plan: CallPlan, value: Any, message: Message, context: Context | None) -> list[Any]:
+def bind_arguments(
+    plan: CallPlan, value: Any, message: Message, context: Context | None
+) -> list[Any]:
     """The positional arguments for one call, in the handler's order."""
     args: list[Any] = []
     for kind in plan.order:

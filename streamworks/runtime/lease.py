@@ -19,6 +19,7 @@ class Lease:
     def __init__(self, deadline: float = 0.0) -> None:
         self._deadline = deadline
         self._renewed = asyncio.Event()
+        self._changed = asyncio.Event()
         self.renewals = 0
         self.losses = 0
 
@@ -33,12 +34,20 @@ class Lease:
         """Extend (or shorten) the lease to ``deadline`` (``time.monotonic()`` based)."""
         self._deadline = deadline
         self.renewals += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
         if self.valid():
             self._renewed.set()
 
     def expire(self) -> None:
         """End the lease now (e.g. the member was fenced)."""
         self._deadline = 0.0
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_changed(self) -> None:
+        """Wait for the next renewal or expiry."""
+        await self._changed.wait()
 
     async def wait_valid(self) -> None:
         """Wait until the lease is valid again."""

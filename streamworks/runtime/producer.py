@@ -91,9 +91,7 @@ class Producer:
         if len(payload) > MAX_PAYLOAD:
             raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
         headers = dict(record.headers) if record.headers else None
-        return encode_fields(
-            payload, record.key, record.event_id, headers, int(time.time() * 1000)
-        )
+        return encode_fields(payload, record.key, record.event_id, headers, int(time.time() * 1000))
 
     async def publish(self, stream: str, record: Record) -> Published:
         """Publish one message; see the module docstring for the path it takes."""
@@ -125,7 +123,7 @@ class Producer:
             routes = [table.route(records[i].key, self._sticky_batch) for i in todo]
             pipe = self._redis.pipeline(transaction=False)
             for i, route in zip(todo, routes, strict=True):
-                self._queue_add(pipe, stream, route, records[i].event_id, encoded[i])
+                await self._queue_add(pipe, stream, route, records[i].event_id, encoded[i])
             try:
                 replies = await pipe.execute(raise_on_error=True)
             except RedisError as e:
@@ -136,7 +134,9 @@ class Producer:
                 if parsed is None:
                     retry.append(i)
                 else:
-                    results[i] = Published(stream, str(route.shard), parsed[0], table.version, parsed[1])
+                    results[i] = Published(
+                        stream, str(route.shard), parsed[0], table.version, parsed[1]
+                    )
             self.statistics.published += len(todo) - len(retry)
             if not retry:
                 return [r for r in results if r is not None]
@@ -166,7 +166,7 @@ class Producer:
             reply = await self._redis.execute_command("XADD", route.key, "NOMKSTREAM", "*", *fields)
         return self._parse_add(reply, event_id)
 
-    def _queue_add(
+    async def _queue_add(
         self,
         pipe: Any,
         stream: str,
@@ -177,7 +177,7 @@ class Producer:
         window = self._dedup_ms.get(stream) if event_id is not None else None
         if window:
             assert event_id is not None
-            self._scripts.publish_dedup(
+            await self._scripts.publish_dedup(
                 keys=[route.key, self._keyspace.dedup(route.shard, event_id)],
                 args=[window, *fields],
                 client=pipe,

@@ -209,7 +209,9 @@ class ShardReader:
                 continue
             try:
                 payload, key, event_id, headers, published_at = parse_fields(raw_fields)
-                message = Message(entry_id, stream, shard, payload, key, event_id, headers, published_at)
+                message = Message(
+                    entry_id, stream, shard, payload, key, event_id, headers, published_at
+                )
             except DecodeError as e:
                 message = Message(entry_id, stream, shard, b"")
                 message._error = str(e)

@@ -33,7 +33,7 @@ class RetryPolicy:
 
     def delay(self, failures: int) -> float:
         """Seconds to wait before the attempt that follows ``failures`` failures."""
-        base = min(self.max_backoff, self.backoff * (2 ** max(0, failures - 1)))
+        base = min(self.max_backoff, self.backoff * 2.0 ** max(0, failures - 1))
         if self.jitter:
-            return base * (0.5 + random.random() / 2)  # noqa: S311 - not cryptographic
+            return float(base * (0.5 + random.random() / 2))
         return base

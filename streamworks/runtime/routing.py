@@ -109,7 +109,7 @@ class RoutingTable:
             if next(self._rr) % sticky_batch == 0:
                 # Move on to the next shard; the first run starts at a random shard so
                 # that many producers do not all begin on shard 0.
-                start = random.randrange(n) if self._sticky < 0 else self._sticky + 1  # noqa: S311
+                start = random.randrange(n) if self._sticky < 0 else self._sticky + 1
                 self._sticky = start % n
             return self.shards[self._sticky % n]
         if self.protocol != ROUTING_PROTOCOL:

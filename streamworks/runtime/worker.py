@@ -13,7 +13,6 @@ Shutdown is graceful: stop reading, let in-flight messages finish within
 from __future__ import annotations
 
 import logging
-import math
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -241,24 +240,21 @@ class Worker:
         lease = self.lease
         grace = self.settings.worker.lease_grace
         while True:
-            if lease.deadline == math.inf:
-                await lease.wait_valid()
-                await anyio.sleep(3600)
-                continue
             delay = lease.deadline - time.monotonic()
             if delay > 0:
-                await anyio.sleep(min(delay, 1.0))
+                with anyio.move_on_after(delay):
+                    await lease.wait_changed()
                 continue
             if not self.readers:
-                await lease.wait_valid()
+                await lease.wait_changed()
                 continue
             lease.losses += 1
             log.warning("assignment lease expired: pausing %d shards", len(self.readers))
             for runtime in self.handlers.values():
                 runtime.dispatcher.discard(lambda m: False)
             with anyio.move_on_after(grace):
-                while any(r.running for r in self.handlers.values()) and not lease.valid():
-                    await anyio.sleep(0.05)
+                for runtime in self.handlers.values():
+                    await runtime.dispatcher.wait_quiet()
             if not lease.valid():
                 for runtime in self.handlers.values():
                     runtime.dispatcher.cancel_running()

@@ -18,10 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from streamworks.app import App
-from streamworks.coordinator.provision import create_shards, grant_token, write_fence
+from streamworks.coordinator.provision import (
+    create_group,
+    create_shards,
+    grant_token,
+    write_fence,
+)
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
@@ -66,6 +71,9 @@ class TestRuntime:
         workers: number of in-process workers.
         redis_url: Redis to use; else ``STREAMWORKS_TEST_REDIS_URL``, else embedded.
         settings: base settings (the key prefix is replaced by a fresh one).
+        key_prefix: use this prefix instead (shared by several runtimes; not cleaned).
+        attach: connect the app's ``publish`` to the runtime (default). Off when the
+            test connects the app itself.
     """
 
     __test__ = False  # not a pytest test class
@@ -77,12 +85,18 @@ class TestRuntime:
         workers: int = 1,
         redis_url: str | None = None,
         settings: Settings | None = None,
+        key_prefix: str | None = None,
+        attach: bool = True,
     ) -> None:
         self.app = app
+        self._attach_app = attach
         self._n_workers = workers
         self._redis_url = redis_url or os.environ.get("STREAMWORKS_TEST_REDIS_URL")
         base = settings or Settings()
-        self.settings = base.with_overrides(key_prefix=f"t{uuid.uuid4().hex[:10]}")
+        # A fresh prefix isolates this runtime; an explicit one lets several runtimes
+        # (several groups) share streams, and is left in place on exit.
+        self._own_prefix = key_prefix is None
+        self.settings = base.with_overrides(key_prefix=key_prefix or f"t{uuid.uuid4().hex[:10]}")
         self.keyspace = Keyspace(self.settings.key_prefix)
         self._server: EmbeddedRedis | None = None
         self._tg: TaskGroup | None = None
@@ -105,8 +119,9 @@ class TestRuntime:
         await self._provision()
         self._connection_cm = open_connection(self.app, self.settings, redis=self.redis)
         self.connection = await self._connection_cm.__aenter__()
-        self._attach = self.app.attached(self.connection)
-        await self._attach.__aenter__()
+        self._attach = self.app.attached(self.connection) if self._attach_app else None
+        if self._attach is not None:
+            await self._attach.__aenter__()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         for _ in range(self._n_workers):
@@ -126,19 +141,24 @@ class TestRuntime:
                 self._tg.cancel_scope.cancel()
                 await self._tg.__aexit__(None, None, None)
         finally:
-            await self._attach.__aexit__(None, None, None)
+            if self._attach is not None:
+                await self._attach.__aexit__(None, None, None)
             await self._connection_cm.__aexit__(None, None, None)
             if self.redis is not None:
-                await _delete_prefix(self.redis, self.settings.key_prefix)
+                if self._own_prefix:
+                    await _delete_prefix(self.redis, self.settings.key_prefix)
                 await self.redis.aclose()
             if self._server is not None:
                 self._server.stop()
 
     async def _provision(self) -> None:
+        """Static mode: create the app's shards with its group (or add the group to
+        shards another runtime created)."""
         assert self.scripts is not None
         for spec in self.app.streams.values():
             shards = [ShardId(spec.name, i) for i in range(spec.shards)]
             await create_shards(self.scripts, self.keyspace, shards, [self.app.name])
+            await create_group(self.scripts, self.keyspace, shards, self.app.name, spec.start)
 
     # -- workers -------------------------------------------------------------------------
     @property
@@ -154,14 +174,14 @@ class TestRuntime:
         slot = _WorkerSlot(worker, scope)
         self.slots.append(slot)
 
-        async def run() -> None:
+        async def run(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
             try:
                 with scope:
-                    await worker.run()
+                    await worker.run(task_status=task_status)
             finally:
                 slot.done.set()
 
-        self._tg.start_soon(run)
+        await self._tg.start(run)
         if rebalance:
             await self._rebalance()
         return worker
@@ -204,10 +224,6 @@ class TestRuntime:
                 i += 1
         for slot, grants in zip(live, plan, strict=True):
             worker = slot.worker
-            # Wait until the worker is running (its task group exists).
-            with anyio.fail_after(10):
-                while worker._tg is None and not slot.done.is_set():
-                    await anyio.sleep(0.005)
             worker.lease.renew(math.inf)
             gone = [s for s in worker.owned_shards() if s not in grants]
             worker.drop_shards(gone)
@@ -244,9 +260,7 @@ class TestRuntime:
                 for group in await self.redis.xinfo_groups(key):
                     name = group["name"].decode()
                     if group["pending"] or group["lag"] is None or group["lag"]:
-                        left.append(
-                            f"{key} {name}: pending={group['pending']} lag={group['lag']}"
-                        )
+                        left.append(f"{key} {name}: pending={group['pending']} lag={group['lag']}")
         return left
 
     def handled(self, stream: str) -> int:
@@ -284,7 +298,7 @@ class TestRuntime:
                     shard=text["shard"].decode(),
                     origin_id=text["entry_id"].decode(),
                     payload=text.get("o.v"),
-                    key=text["o.k"].decode() if "o.k" in text else None,
+                    key=text["o.k"].decode(errors="replace") if "o.k" in text else None,
                     fields=text,
                 )
             )

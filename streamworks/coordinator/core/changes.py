@@ -1,0 +1,202 @@
+"""What a step of the core changed, so the shell writes only that.
+
+:class:`GroupChange` is the common result of every pure step: the new group plus
+the member records to write or delete and whether the header changed. The store
+persists one document per member, so a heartbeat touching one member writes
+O(that member), not O(group).
+
+:class:`GroupEdit` is the mutable scratch pad the steps use internally: it copies
+the member map only on the first write and computes the change set by comparing
+the result with the original, so a step that ends where it started reports no
+change even if it touched records on the way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from streamworks.coordinator.core.model import FenceWrite, Group, Member, MemberState
+
+__all__ = ("GroupChange", "GroupEdit", "TimerResult")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupChange:
+    """The outcome of one pure step.
+
+    Attributes:
+        group: the new group state.
+        changed_members: ids whose record changed, was added, or must be deleted.
+        removed_members: ids whose record must be deleted (a subset of the above).
+        header_changed: whether any non-member field of the group changed.
+        fences: owner fences to write, before answering, for every newly granted shard.
+    """
+
+    group: Group
+    changed_members: frozenset[str]
+    removed_members: frozenset[str]
+    header_changed: bool
+    fences: tuple[FenceWrite, ...]
+
+    @property
+    def is_noop(self) -> bool:
+        """True when nothing needs to be written (not even a fence)."""
+        return not (self.changed_members or self.header_changed or self.fences)
+
+
+@dataclass(frozen=True, slots=True)
+class TimerResult(GroupChange):
+    """The outcome of a timer step (``timers.py``); it never grants, so no fences."""
+
+
+class GroupEdit:
+    """A group being changed by one step. Internal to the core."""
+
+    __slots__ = (
+        "_members",
+        "_touched",
+        "group_epoch",
+        "last_assignment_ms",
+        "metadata_version",
+        "original",
+        "target_epoch",
+        "topology_version",
+    )
+
+    def __init__(self, group: Group) -> None:
+        self.original = group
+        self.group_epoch = group.group_epoch
+        self.target_epoch = group.target_epoch
+        self.metadata_version = group.metadata_version
+        self.topology_version: Mapping[str, int] = group.topology_version
+        self.last_assignment_ms = group.last_assignment_ms
+        self._members: dict[str, Member] | None = None
+        self._touched: set[str] = set()
+
+    @property
+    def members(self) -> Mapping[str, Member]:
+        """The current member records (read-only view)."""
+        return self.original.members if self._members is None else self._members
+
+    def member(self, member_id: str) -> Member | None:
+        """The current record of ``member_id``, if any."""
+        return self.members.get(member_id)
+
+    def live_members(self) -> dict[str, Member]:
+        """Current live members by id."""
+        return {mid: m for mid, m in self.members.items() if m.is_live}
+
+    def holders(self) -> dict[str, str]:
+        """Shard -> live holder, over the current records (see ``Group.holders``)."""
+        holders: dict[str, str] = {}
+        for member in self.members.values():
+            if member.is_live:
+                for shard in member.held():
+                    holders[shard] = member.member_id
+        return holders
+
+    def put(self, member: Member) -> None:
+        """Add or replace a member record."""
+        if self._members is None:
+            self._members = dict(self.original.members)
+        self._members[member.member_id] = member
+        self._touched.add(member.member_id)
+
+    def remove(self, member_id: str) -> None:
+        """Delete a member record."""
+        if self._members is None:
+            self._members = dict(self.original.members)
+        self._members.pop(member_id, None)
+        self._touched.add(member_id)
+
+    def bump(self) -> None:
+        """Bump the group epoch (and metadata version) for a change of membership,
+        subscriptions or topology."""
+        self.group_epoch += 1
+        self.metadata_version += 1
+
+    def raise_group_epoch_above(self, epoch: int) -> None:
+        """Make the group epoch exceed ``epoch``: after Redis lost writes, epochs issued
+        from now on must not repeat ones issued before the loss (E19, E20)."""
+        if self.group_epoch <= epoch:
+            self.group_epoch = epoch + 1
+
+    def retire(self, member_id: str, state: MemberState, now_ms: int) -> bool:
+        """Turn a live member into a FENCED/EXPIRED tombstone holding nothing.
+
+        Returns:
+            True if the member was live (the caller bumps the group epoch once).
+        """
+        member = self.member(member_id)
+        if member is None or not member.is_live:
+            return False
+        self.put(member.tombstone(state, now_ms))
+        return True
+
+    def settle_if_empty(self) -> None:
+        """With no live member left, clear every target and mark the (empty) target as
+        computed at the current group epoch, so the group is EMPTY (E5)."""
+        members = self.members
+        if any(m.is_live for m in members.values()):
+            return
+        for member in list(members.values()):
+            if member.target:
+                self.put(_without_target(member))
+        self.target_epoch = self.group_epoch
+        self.topology_version = MappingProxyType({})
+
+    def build(self) -> Group:
+        """The edited group."""
+        if self._members is None and self._header() == _header_of(self.original):
+            return self.original
+        return Group(
+            group_id=self.original.group_id,
+            group_epoch=self.group_epoch,
+            target_epoch=self.target_epoch,
+            metadata_version=self.metadata_version,
+            topology_version=self.topology_version,
+            last_assignment_ms=self.last_assignment_ms,
+            members=self.members,
+        )
+
+    def finish(self) -> tuple[Group, frozenset[str], frozenset[str], bool]:
+        """The edited group, changed ids, removed ids and whether the header changed."""
+        group = self.build()
+        before = self.original.members
+        after = group.members
+        changed = frozenset(mid for mid in self._touched if before.get(mid) != after.get(mid))
+        removed = frozenset(mid for mid in changed if mid not in after)
+        header_changed = self._header() != _header_of(self.original)
+        if not changed and not header_changed:
+            group = self.original
+        return group, changed, removed, header_changed
+
+    def timer_result(self) -> TimerResult:
+        """Finish as a :class:`TimerResult`."""
+        group, changed, removed, header_changed = self.finish()
+        return TimerResult(group, changed, removed, header_changed, ())
+
+    def _header(self) -> tuple[object, ...]:
+        return (
+            self.group_epoch,
+            self.target_epoch,
+            self.metadata_version,
+            dict(self.topology_version),
+            self.last_assignment_ms,
+        )
+
+
+def _header_of(group: Group) -> tuple[object, ...]:
+    return (
+        group.group_epoch,
+        group.target_epoch,
+        group.metadata_version,
+        dict(group.topology_version),
+        group.last_assignment_ms,
+    )
+
+
+def _without_target(member: Member) -> Member:
+    return replace(member, target=frozenset())

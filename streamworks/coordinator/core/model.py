@@ -1,0 +1,488 @@
+"""The coordinator's state: groups, members, topology and configuration.
+
+Everything here is an immutable value. The pure core computes new values from old
+ones; the store persists them (one JSON document per member, plus a header
+document for the group's other fields) and the service answers from them.
+
+Times are integer milliseconds of the Redis server clock, supplied by the caller.
+Shard ids are opaque strings ``stream/index@incarnation``; only the stream name (the
+text before ``/``) is ever looked at here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+from typing import TypeVar
+
+from streamworks.exceptions import ConfigurationError
+
+__all__ = (
+    "CoreConfig",
+    "FenceWrite",
+    "Group",
+    "GroupState",
+    "Member",
+    "MemberState",
+    "Topology",
+    "stream_of",
+)
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _frozen_map(items: Mapping[_K, _V]) -> Mapping[_K, _V]:
+    # A read-only view over a private copy: nobody holding the argument can mutate
+    # the value afterwards, and equality still compares contents.
+    return MappingProxyType(dict(items))
+
+
+def _empty_map() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
+def stream_of(shard: str) -> str:
+    """Return the stream name of a shard id (the text before the first ``/``)."""
+    return shard.partition("/")[0]
+
+
+class MemberState(StrEnum):
+    """Server-side state of one member (KIP-848 ``MemberState`` plus two tombstones)."""
+
+    #: Holds its whole target (or will once it heartbeats at a newer target epoch).
+    STABLE = "STABLE"
+    #: Must give up ``pending_revocation``; its epoch is frozen and a deadline runs.
+    UNREVOKED = "UNREVOKED"
+    #: At the target epoch, waiting for shards that other members still hold.
+    UNRELEASED = "UNRELEASED"
+    #: Fenced (revocation deadline passed). Kept so a stale heartbeat gets FENCED;
+    #: a rejoin with epoch 0 replaces it.
+    FENCED = "FENCED"
+    #: Lease ran out or the member left. Kept for ``stale_member_retention_ms`` so a
+    #: late heartbeat gets UNKNOWN_MEMBER, then removed.
+    EXPIRED = "EXPIRED"
+
+    @property
+    def is_live(self) -> bool:
+        """Whether a member in this state takes part in the group."""
+        return self is not MemberState.FENCED and self is not MemberState.EXPIRED
+
+
+class GroupState(StrEnum):
+    """Derived state of a group (KIP-848 ``ConsumerGroup.maybeUpdateGroupState``)."""
+
+    EMPTY = "EMPTY"
+    ASSIGNING = "ASSIGNING"
+    RECONCILING = "RECONCILING"
+    STABLE = "STABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One member of a group, as recorded in Redis.
+
+    Attributes:
+        member_id: client-generated id, stable for the member's process.
+        epoch: the member epoch; 0 until its first reconciliation.
+        previous_epoch: the epoch before the last change, accepted once more so a
+            member whose response was lost can catch up.
+        state: see :class:`MemberState`.
+        subscriptions: stream names the member consumes.
+        assigned: shard id -> grant epoch (the member epoch at which the shard was
+            granted and its owner fence written). Keeping a shard across rebalances
+            keeps its grant epoch, so its fence needs no rewrite.
+        pending_revocation: shards the member must stop reading (DRAIN) before anyone
+            else may receive them.
+        target: this member's part of the group's target assignment.
+        revocation_deadline_ms: while UNREVOKED, the time after which it is fenced.
+        rebalance_timeout_ms: how long the member may take to revoke.
+        client: free-form client information (host, pid, version).
+        joined_at_ms: time of the join that created this record.
+        expired_at_ms: when the record stopped being live (left, expired or fenced).
+    """
+
+    member_id: str
+    epoch: int
+    previous_epoch: int
+    state: MemberState
+    subscriptions: frozenset[str]
+    assigned: Mapping[str, int]
+    pending_revocation: frozenset[str]
+    target: frozenset[str]
+    revocation_deadline_ms: int | None
+    rebalance_timeout_ms: int
+    client: Mapping[str, str]
+    joined_at_ms: int
+    expired_at_ms: int | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", MemberState(self.state))
+        object.__setattr__(self, "subscriptions", frozenset(self.subscriptions))
+        object.__setattr__(self, "assigned", _frozen_map(self.assigned))
+        object.__setattr__(self, "pending_revocation", frozenset(self.pending_revocation))
+        object.__setattr__(self, "target", frozenset(self.target))
+        object.__setattr__(self, "client", _frozen_map(self.client))
+        if not self.member_id:
+            raise ValueError("member_id must not be empty")
+        if self.epoch < 0 or self.previous_epoch < 0:
+            raise ValueError(f"member {self.member_id}: epochs must be >= 0")
+        if self.rebalance_timeout_ms <= 0:
+            raise ValueError(f"member {self.member_id}: rebalance_timeout_ms must be > 0")
+        if not self.pending_revocation.isdisjoint(self.assigned):
+            raise ValueError(f"member {self.member_id}: a shard is both assigned and revoked")
+
+    @classmethod
+    def joining(
+        cls,
+        member_id: str,
+        *,
+        subscriptions: frozenset[str],
+        rebalance_timeout_ms: int,
+        client: Mapping[str, str],
+        now_ms: int,
+    ) -> Member:
+        """A fresh record for a member joining with epoch 0: holds nothing yet."""
+        return cls(
+            member_id=member_id,
+            epoch=0,
+            previous_epoch=0,
+            state=MemberState.STABLE,
+            subscriptions=subscriptions,
+            assigned={},
+            pending_revocation=frozenset(),
+            target=frozenset(),
+            revocation_deadline_ms=None,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            client=client,
+            joined_at_ms=now_ms,
+            expired_at_ms=None,
+        )
+
+    @property
+    def is_live(self) -> bool:
+        """Whether the member takes part in the group (not FENCED or EXPIRED)."""
+        return self.state.is_live
+
+    def held(self) -> frozenset[str]:
+        """Shards nobody else may receive because of this member: assigned or revoking."""
+        return frozenset(self.assigned) | self.pending_revocation
+
+    def tombstone(self, state: MemberState, now_ms: int) -> Member:
+        """This record after the member stopped being live: it holds and targets nothing."""
+        if state.is_live:
+            raise ValueError(f"tombstone state must be FENCED or EXPIRED, not {state}")
+        return replace(
+            self,
+            state=state,
+            assigned={},
+            pending_revocation=frozenset(),
+            target=frozenset(),
+            revocation_deadline_ms=None,
+            expired_at_ms=now_ms,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-able document of this record, with sorted collections (stable output)."""
+        return {
+            "member_id": self.member_id,
+            "epoch": self.epoch,
+            "previous_epoch": self.previous_epoch,
+            "state": self.state.value,
+            "subscriptions": sorted(self.subscriptions),
+            "assigned": {shard: self.assigned[shard] for shard in sorted(self.assigned)},
+            "pending_revocation": sorted(self.pending_revocation),
+            "target": sorted(self.target),
+            "revocation_deadline_ms": self.revocation_deadline_ms,
+            "rebalance_timeout_ms": self.rebalance_timeout_ms,
+            "client": {key: self.client[key] for key in sorted(self.client)},
+            "joined_at_ms": self.joined_at_ms,
+            "expired_at_ms": self.expired_at_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> Member:
+        """Decode a document written by :meth:`to_dict`.
+
+        Unknown keys are ignored (a newer coordinator may add fields).
+
+        Raises:
+            ValueError: the document is malformed; it is never repaired or guessed.
+        """
+        doc = _require_mapping(data, "member")
+        try:
+            state = MemberState(_require_str(doc, "state"))
+        except ValueError:
+            raise ValueError(f"member: unknown state {doc.get('state')!r}") from None
+        return cls(
+            member_id=_require_str(doc, "member_id"),
+            epoch=_require_int(doc, "epoch"),
+            previous_epoch=_require_int(doc, "previous_epoch"),
+            state=state,
+            subscriptions=_require_str_set(doc, "subscriptions"),
+            assigned=_require_int_map(doc, "assigned"),
+            pending_revocation=_require_str_set(doc, "pending_revocation"),
+            target=_require_str_set(doc, "target"),
+            revocation_deadline_ms=_optional_int(doc, "revocation_deadline_ms"),
+            rebalance_timeout_ms=_require_int(doc, "rebalance_timeout_ms"),
+            client=_require_str_map(doc, "client"),
+            joined_at_ms=_require_int(doc, "joined_at_ms"),
+            expired_at_ms=_optional_int(doc, "expired_at_ms"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A consumer group: its epochs and its members.
+
+    Attributes:
+        group_id: the group's name.
+        group_epoch: bumped by every change of membership, subscriptions or the
+            layout of a subscribed stream.
+        target_epoch: the group epoch the current target assignment was computed at.
+        metadata_version: what members must know about the group's streams; bumped
+            with the group epoch on membership, subscription and topology changes.
+        topology_version: stream -> layout version the current target was computed from.
+        last_assignment_ms: when the current target was computed.
+        members: member id -> record, including FENCED and EXPIRED tombstones.
+    """
+
+    group_id: str
+    group_epoch: int = 0
+    target_epoch: int = 0
+    metadata_version: int = 0
+    topology_version: Mapping[str, int] = field(default_factory=_empty_map)
+    last_assignment_ms: int = 0
+    members: Mapping[str, Member] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "topology_version", _frozen_map(self.topology_version))
+        object.__setattr__(self, "members", _frozen_map(self.members))
+        if self.group_epoch < 0 or self.target_epoch < 0 or self.metadata_version < 0:
+            raise ValueError(f"group {self.group_id}: epochs and versions must be >= 0")
+        if self.target_epoch > self.group_epoch:
+            raise ValueError(f"group {self.group_id}: target epoch above group epoch")
+        for member_id, member in self.members.items():
+            if member_id != member.member_id:
+                raise ValueError(
+                    f"group {self.group_id}: member keyed {member_id!r} is {member.member_id!r}"
+                )
+
+    @property
+    def state(self) -> GroupState:
+        """The derived group state (KIP-848 §5)."""
+        live = [m for m in self.members.values() if m.is_live]
+        if not live:
+            return GroupState.EMPTY
+        if self.group_epoch > self.target_epoch:
+            return GroupState.ASSIGNING
+        for member in live:
+            if member.state is not MemberState.STABLE or member.epoch != self.target_epoch:
+                return GroupState.RECONCILING
+        return GroupState.STABLE
+
+    def live_members(self) -> dict[str, Member]:
+        """Members taking part in the group (not FENCED or EXPIRED), by id."""
+        return {mid: m for mid, m in self.members.items() if m.is_live}
+
+    def holders(self) -> dict[str, str]:
+        """Shard -> id of the live member holding it, in ``assigned`` or ``pending_revocation``."""
+        holders: dict[str, str] = {}
+        for member in self.members.values():
+            if member.is_live:
+                for shard in member.assigned:
+                    holders[shard] = member.member_id
+                for shard in member.pending_revocation:
+                    holders[shard] = member.member_id
+        return holders
+
+    def to_header(self) -> dict[str, object]:
+        """A JSON-able document of every field except ``members``."""
+        return {
+            "group_id": self.group_id,
+            "group_epoch": self.group_epoch,
+            "target_epoch": self.target_epoch,
+            "metadata_version": self.metadata_version,
+            "topology_version": {
+                s: self.topology_version[s] for s in sorted(self.topology_version)
+            },
+            "last_assignment_ms": self.last_assignment_ms,
+        }
+
+    @classmethod
+    def from_header(cls, header: object, members: Iterable[Member] = ()) -> Group:
+        """Rebuild a group from :meth:`to_header` output and its member records.
+
+        Raises:
+            ValueError: the header is malformed or a member id appears twice.
+        """
+        doc = _require_mapping(header, "group header")
+        by_id: dict[str, Member] = {}
+        for member in members:
+            if member.member_id in by_id:
+                raise ValueError(f"duplicate member {member.member_id!r}")
+            by_id[member.member_id] = member
+        return cls(
+            group_id=_require_str(doc, "group_id"),
+            group_epoch=_require_int(doc, "group_epoch"),
+            target_epoch=_require_int(doc, "target_epoch"),
+            metadata_version=_require_int(doc, "metadata_version"),
+            topology_version=_require_int_map(doc, "topology_version"),
+            last_assignment_ms=_require_int(doc, "last_assignment_ms"),
+            members=by_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """The assignable shards of every stream, as the coordinator currently sees them.
+
+    Attributes:
+        shards: stream -> its assignable shard ids (ACTIVE and DRAINING) in routing
+            order. Retired shards are absent; a stream missing here has no shards.
+        versions: stream -> version of its shard layout; a changed version of a
+            subscribed stream triggers a new target assignment.
+    """
+
+    shards: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    versions: Mapping[str, int] = field(default_factory=_empty_map)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "shards", MappingProxyType({s: tuple(ids) for s, ids in self.shards.items()})
+        )
+        object.__setattr__(self, "versions", _frozen_map(self.versions))
+        for stream, ids in self.shards.items():
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"topology: duplicate shard id in stream {stream!r}")
+            for shard in ids:
+                if stream_of(shard) != stream:
+                    raise ValueError(f"topology: shard {shard!r} listed under stream {stream!r}")
+
+    def shards_of(self, stream: str) -> tuple[str, ...]:
+        """Assignable shards of ``stream`` (empty if it has none)."""
+        return self.shards.get(stream, ())
+
+    def version_of(self, stream: str) -> int:
+        """Layout version of ``stream`` (0 if unknown)."""
+        return self.versions.get(stream, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class CoreConfig:
+    """Timing knobs of the coordinator core (all milliseconds).
+
+    Attributes:
+        lease_ttl_ms: a member not heartbeating for this long is expired.
+        rebalance_timeout_ms: default revocation timeout when the member sends none.
+        heartbeat_interval_ms: interval told to members with nothing in flight.
+        fast_heartbeat_interval_ms: interval told to members that have pending shards
+            or revocations, so hand-offs finish quickly.
+        stale_member_retention_ms: how long FENCED/EXPIRED records are kept.
+        assignment_interval_ms: batching of target computation; when > 0 a new target
+            is computed at most once per interval (members keep reconciling against
+            the last one meanwhile). 0 computes on every change.
+    """
+
+    lease_ttl_ms: int = 10_000
+    rebalance_timeout_ms: int = 60_000
+    heartbeat_interval_ms: int = 1_000
+    fast_heartbeat_interval_ms: int = 200
+    stale_member_retention_ms: int = 600_000
+    assignment_interval_ms: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "lease_ttl_ms",
+            "rebalance_timeout_ms",
+            "heartbeat_interval_ms",
+            "fast_heartbeat_interval_ms",
+            "stale_member_retention_ms",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"{name} must be > 0")
+        if self.assignment_interval_ms < 0:
+            raise ConfigurationError("assignment_interval_ms must be >= 0")
+        if self.heartbeat_interval_ms >= self.lease_ttl_ms:
+            # A member must be able to renew its lease several times before it runs out.
+            raise ConfigurationError("heartbeat_interval_ms must be below lease_ttl_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class FenceWrite:
+    """An owner fence the shell must write (monotonically) before answering.
+
+    Attributes:
+        shard: the shard id.
+        member_id: the member the shard is granted to.
+        epoch: the grant epoch; the fence token is ``f"{epoch}:{member_id}"``.
+    """
+
+    shard: str
+    member_id: str
+    epoch: int
+
+
+# -- strict decoding helpers: a stored document is either exactly right or an error --
+
+
+def _require_mapping(data: object, what: str) -> Mapping[str, object]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{what}: expected an object, got {type(data).__name__}")
+    return data
+
+
+def _require_str(doc: Mapping[str, object], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def _require_int(doc: Mapping[str, object], key: str) -> int:
+    value = doc.get(key)
+    # bool is an int subclass; a stored true/false is corruption, not a number.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{key}: expected an integer, got {value!r}")
+    return value
+
+
+def _optional_int(doc: Mapping[str, object], key: str) -> int | None:
+    if key not in doc:
+        raise ValueError(f"{key}: missing")
+    if doc[key] is None:
+        return None
+    return _require_int(doc, key)
+
+
+def _require_str_set(doc: Mapping[str, object], key: str) -> frozenset[str]:
+    value = doc.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{key}: expected a list of strings, got {value!r}")
+    return frozenset(value)
+
+
+def _require_int_map(doc: Mapping[str, object], key: str) -> dict[str, int]:
+    value = doc.get(key)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key}: expected an object, got {value!r}")
+    out: dict[str, int] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{key}: expected string -> integer, got {k!r}: {v!r}")
+        out[k] = v
+    return out
+
+
+def _require_str_map(doc: Mapping[str, object], key: str) -> dict[str, str]:
+    value = doc.get(key)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key}: expected an object, got {value!r}")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ValueError(f"{key}: expected string -> string, got {k!r}: {v!r}")
+        out[k] = v
+    return out

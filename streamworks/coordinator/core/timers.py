@@ -1,0 +1,127 @@
+"""The event loop's decisions, as pure steps (PROTOCOL §4 "Leases and timers").
+
+Every coordinator replica runs the loop; concurrent runs are safe because each
+step is applied under the store's mutex and compare-and-set, and each is
+idempotent: running it twice on the same state changes nothing the second time.
+Timer steps never grant shards (grants need the member's report and happen only
+in heartbeats), so their results carry no fences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from streamworks.coordinator.core.changes import GroupEdit, TimerResult
+from streamworks.coordinator.core.model import CoreConfig, Group, Member, MemberState, Topology
+from streamworks.coordinator.core.targets import compute_target, note_topology_change, target_due
+
+__all__ = (
+    "compute_target_if_due",
+    "expire_members",
+    "fence_overdue_revocations",
+    "next_deadline_ms",
+    "remove_stale_members",
+)
+
+
+def expire_members(group: Group, expired_ids: Iterable[str], now_ms: int) -> TimerResult:
+    """Expire members whose lease passed (E5, E8).
+
+    Each live member in ``expired_ids`` becomes EXPIRED and its shards are freed;
+    the group epoch and metadata version are bumped once. When no live member is
+    left, every target is cleared and the group is EMPTY. Ids that are unknown or
+    not live are ignored (the lease set may lag behind the metadata).
+
+    Args:
+        group: the group as loaded.
+        expired_ids: members whose lease expiry (Redis time) is at or before now.
+        now_ms: Redis server time.
+    """
+    edit = GroupEdit(group)
+    expired = [
+        mid for mid in sorted(set(expired_ids)) if edit.retire(mid, MemberState.EXPIRED, now_ms)
+    ]
+    if expired:
+        edit.bump()
+        edit.settle_if_empty()
+    return edit.timer_result()
+
+
+def fence_overdue_revocations(group: Group, now_ms: int) -> TimerResult:
+    """Fence members that did not revoke by their deadline (E6, E8).
+
+    Live UNREVOKED members with ``revocation_deadline_ms <= now_ms`` become FENCED;
+    their shards (including the ones being revoked) are freed so the target owners
+    receive them, and the group epoch is bumped once.
+    """
+    edit = GroupEdit(group)
+    overdue = [
+        m.member_id
+        for m in group.members.values()
+        if m.state is MemberState.UNREVOKED
+        and m.revocation_deadline_ms is not None
+        and m.revocation_deadline_ms <= now_ms
+    ]
+    for member_id in sorted(overdue):
+        edit.retire(member_id, MemberState.FENCED, now_ms)
+    if overdue:
+        edit.bump()
+        edit.settle_if_empty()
+    return edit.timer_result()
+
+
+def remove_stale_members(group: Group, now_ms: int, config: CoreConfig) -> TimerResult:
+    """Delete FENCED/EXPIRED records kept for ``stale_member_retention_ms`` (E5).
+
+    Removing a tombstone changes neither epochs nor assignments: late heartbeats
+    from such a member get UNKNOWN_MEMBER and it rejoins with epoch 0.
+    """
+    edit = GroupEdit(group)
+    for member in group.members.values():
+        stale_at = _stale_at(member, config)
+        if stale_at is not None and stale_at <= now_ms:
+            edit.remove(member.member_id)
+    return edit.timer_result()
+
+
+def compute_target_if_due(
+    group: Group, topology: Topology, now_ms: int, config: CoreConfig
+) -> TimerResult:
+    """Compute a pending target assignment once its batching slot has come.
+
+    First, if a subscribed stream's layout changed since the target was computed
+    (e.g. a scale-out), bump the group epoch (once). Then, if the group epoch is
+    ahead of the target epoch and the batching interval allows, compute the target.
+    Members pick their part up on their next heartbeat.
+    """
+    edit = GroupEdit(group)
+    note_topology_change(edit, topology)
+    if target_due(edit, now_ms, config) and any(m.is_live for m in group.members.values()):
+        compute_target(edit, topology, now_ms)
+    return edit.timer_result()
+
+
+def next_deadline_ms(group: Group, config: CoreConfig) -> int | None:
+    """The earliest time a timer step may change ``group``, or None.
+
+    Covers revocation deadlines, stale-record removal and a target computation
+    deferred by batching. Lease expiries are not here: they live in the lease set.
+    """
+    deadlines: list[int] = []
+    for member in group.members.values():
+        if member.state is MemberState.UNREVOKED and member.revocation_deadline_ms is not None:
+            deadlines.append(member.revocation_deadline_ms)
+        stale = _stale_at(member, config)
+        if stale is not None:
+            deadlines.append(stale)
+    has_live = any(m.is_live for m in group.members.values())
+    if has_live and group.group_epoch > group.target_epoch:
+        deadlines.append(group.last_assignment_ms + config.assignment_interval_ms)
+    return min(deadlines, default=None)
+
+
+def _stale_at(member: Member, config: CoreConfig) -> int | None:
+    """When a tombstone may be removed; None for live members."""
+    if member.is_live or member.expired_at_ms is None:
+        return None
+    return member.expired_at_ms + config.stale_member_retention_ms

@@ -9,7 +9,9 @@ poison message (:class:`~streamworks.exceptions.DecodeError`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import orjson
@@ -32,6 +34,9 @@ MAX_PAYLOAD = 64 * 1024 * 1024
 
 _V, _K, _E, _H, _T, _F = b"v", b"k", b"e", b"h", b"t", b"f"
 
+#: The headers of an entry that has none (shared, read-only).
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
@@ -40,7 +45,7 @@ class Envelope:
     payload: bytes
     key: str | None
     event_id: str | None
-    headers: dict[str, str]
+    headers: Mapping[str, str]
     published_at: int
 
 
@@ -67,13 +72,45 @@ def decode_fields(raw: Any) -> Envelope:
     return Envelope(*parse_fields(raw))
 
 
-def parse_fields(raw: Any) -> tuple[bytes, str | None, str | None, dict[str, str], int]:
-    """Parse the flat field list Redis returns for an entry.
+def parse_fields(raw: Any) -> tuple[bytes, str | None, str | None, Mapping[str, str], int]:
+    """Parse the flat field list Redis returns for an entry into
+    ``(payload, key, event_id, headers, published_at)``.
+
+    Entries written by :func:`encode_fields` start with ``v, t, f`` in that order and
+    take a fast path; anything else is parsed field by field.
 
     Raises:
         DecodeError: the entry is deleted, malformed, of an unknown format version, or
             carries a field of the wrong type.
     """
+    if (
+        type(raw) is list
+        and len(raw) >= 6
+        and raw[0] == _V
+        and raw[2] == _T
+        and raw[4] == _F
+        and raw[5] == FORMAT_VERSION
+    ):
+        if len(raw) == 6:
+            payload = raw[1]
+            if len(payload) > MAX_PAYLOAD:
+                raise DecodeError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+            try:
+                return payload, None, None, NO_HEADERS, int(raw[3])
+            except ValueError as e:
+                raise DecodeError(f"malformed entry field: {e}") from e
+        if len(raw) == 8 and raw[6] == _K:
+            payload = raw[1]
+            if len(payload) > MAX_PAYLOAD:
+                raise DecodeError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+            try:
+                return payload, raw[7].decode(), None, NO_HEADERS, int(raw[3])
+            except (ValueError, UnicodeDecodeError) as e:
+                raise DecodeError(f"malformed entry field: {e}") from e
+    return _parse_any_order(raw)
+
+
+def _parse_any_order(raw: Any) -> tuple[bytes, str | None, str | None, Mapping[str, str], int]:
     if not raw or not isinstance(raw, list) or len(raw) % 2:
         raise DecodeError("entry has no fields or an odd field list")
     fields: dict[bytes, bytes] = {}
@@ -94,7 +131,7 @@ def parse_fields(raw: Any) -> tuple[bytes, str | None, str | None, dict[str, str
         event_id = fields[_E].decode() if _E in fields else None
     except (ValueError, UnicodeDecodeError) as e:
         raise DecodeError(f"malformed entry field: {e}") from e
-    headers: dict[str, str] = {}
+    headers: Mapping[str, str] = NO_HEADERS
     if _H in fields:
         try:
             parsed = orjson.loads(fields[_H])

@@ -73,8 +73,8 @@ class Acker:
             for reader, messages in batch.items():
                 for i in range(0, len(messages), self._max_batch):
                     chunk = messages[i : i + self._max_batch]
-                    pipe.execute_command("XACK", reader.stream_key, group, *[m.id for m in chunk])
-                retried = [m.id for m in messages if m._retry_record]
+                    pipe.execute_command("XACK", reader.stream_key, group, *[m._rid for m in chunk])
+                retried = [m._rid for m in messages if m._retry_record]
                 if retried:
                     pipe.execute_command("HDEL", reader.retry_key, *retried)
             failed = False

@@ -76,8 +76,8 @@ class Dispatcher:
         self._timers: set[asyncio.TimerHandle] = set()
         self._parked: set[Message] = set()  # independent messages waiting in a timer
         self._scope: anyio.CancelScope | None = None
-        self._quiet = asyncio.Event()  # set while nothing runs
-        self._quiet.set()
+        self._quiet: list[asyncio.Future[None]] = []  # wait_quiet() callers
+        self._waking = 0  # runners woken that have not resumed yet
         self._running = 0
 
     # -- feeding -------------------------------------------------------------------
@@ -108,11 +108,16 @@ class Dispatcher:
         self._wake()
 
     def _wake(self) -> None:
+        # Wake one idle runner. A runner that takes work while more is ready wakes the
+        # next one (see _runner), so parallelism grows only as fast as handlers
+        # actually suspend: a handler that never suspends costs no wake-ups at all.
         idle = self._idle
-        for _ in range(min(len(self._ready), len(idle))):
+        while idle:
             waiter = idle.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+                self._waking += 1
+                return
 
     def _schedule(self, item: _Lane | Message, due: float) -> None:
         """Park ``item`` until the monotonic time ``due``."""
@@ -195,16 +200,21 @@ class Dispatcher:
 
     def _started(self) -> None:
         self._running += 1
-        self._quiet.clear()
 
     def _finished(self) -> None:
         self._running -= 1
-        if not self._running:
-            self._quiet.set()
+        if not self._running and self._quiet:
+            for waiter in self._quiet:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._quiet.clear()
 
     async def wait_quiet(self) -> None:
         """Wait until no handler is running."""
-        await self._quiet.wait()
+        while self._running:
+            waiter = asyncio.get_running_loop().create_future()
+            self._quiet.append(waiter)
+            await waiter
 
     def cancel_running(self) -> None:
         """Cancel the handlers running now (their messages stay pending in Redis);
@@ -215,6 +225,7 @@ class Dispatcher:
     def _after_cancel(self) -> None:
         # The cancelled runners' waiters are gone with them.
         self._idle.clear()
+        self._waking = 0
         # Lanes whose head was running lost their runner: the head was settled by
         # the processing callback; put the rest of each lane back in line.
         for key, lane in list(self._lanes.items()):
@@ -233,9 +244,15 @@ class Dispatcher:
             if not ready:
                 waiter = loop.create_future()
                 self._idle.append(waiter)
-                await waiter
+                try:
+                    await waiter
+                finally:
+                    if waiter.done() and not waiter.cancelled():
+                        self._waking -= 1
                 continue
             item = ready.popleft()
+            if ready and not self._waking:
+                self._wake()
             if isinstance(item, _Lane):
                 await self._run_lane(item)
             else:

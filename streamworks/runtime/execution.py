@@ -112,7 +112,7 @@ class HandlerRuntime:
                 return await self._dead_letter(message, "poison", str(e))
         context: Context | None = None
         if plan.wants_context or self.spec.idempotency_key is not None:
-            context = Context(self.app, message, self._logger)
+            context = Context(self.app, message, self._logger, self.worker.member_id)
         idem_key: str | None = None
         if self.spec.idempotency_key is not None:
             assert context is not None
@@ -177,7 +177,8 @@ class HandlerRuntime:
         store = self.idempotency
         assert store is not None
         try:
-            if await store.claim(key, self._claim_ttl):
+            holder = f"{message.shard}/{message.id}"
+            if await store.claim(key, self._claim_ttl, holder):
                 return _CLAIMED
             if await store.is_completed(key):
                 self.statistics.duplicates += 1
@@ -212,7 +213,7 @@ class HandlerRuntime:
         assert reader is not None
         try:
             # Persisted so the attempt count and backoff survive this member's crash.
-            await self.worker.redis.hset(reader.retry_key, message.id, f"{failures}:{due_ms}")
+            await self.worker.redis.hset(reader.retry_key, message._rid, f"{failures}:{due_ms}")
             message._retry_record = True
         except RedisError as e:
             log.warning("could not persist retry record of %s: %s", message.id, e)

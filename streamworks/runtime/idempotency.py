@@ -23,8 +23,15 @@ __all__ = ("IdempotencyStore", "RedisIdempotencyStore")
 class IdempotencyStore(Protocol):
     """Where idempotency keys are claimed and completed."""
 
-    async def claim(self, key: str, ttl: float) -> bool:
-        """Claim ``key`` for ``ttl`` seconds; False if it is claimed or completed already."""
+    async def claim(self, key: str, ttl: float, holder: str) -> bool:
+        """Claim ``key`` for ``ttl`` seconds on behalf of ``holder`` (the message,
+        ``"<shard>/<entry id>"``).
+
+        Returns True when the key was free or is already claimed by the same holder
+        (the same entry redelivered after its previous owner crashed: ownership of a
+        shard is exclusive, so that earlier attempt is over); False when it is
+        completed or claimed by another message.
+        """
         ...
 
     async def complete(self, key: str) -> None:
@@ -40,7 +47,7 @@ class IdempotencyStore(Protocol):
         ...
 
 
-_PENDING = b"pending"
+_PENDING = b"pending:"
 _DONE = b"done"
 
 
@@ -62,8 +69,16 @@ class RedisIdempotencyStore:
     def _key(self, key: str) -> str:
         return self._keyspace.idempotency(self._group, key)
 
-    async def claim(self, key: str, ttl: float) -> bool:
-        return bool(await self._redis.set(self._key(key), _PENDING, nx=True, px=int(ttl * 1000)))
+    async def claim(self, key: str, ttl: float, holder: str) -> bool:
+        name = self._key(key)
+        ms = int(ttl * 1000)
+        value = _PENDING + holder.encode()
+        if await self._redis.set(name, value, nx=True, px=ms):
+            return True
+        if await self._redis.get(name) == value:
+            await self._redis.pexpire(name, ms)
+            return True
+        return False
 
     async def complete(self, key: str) -> None:
         await self._redis.set(self._key(key), _DONE, px=self._completed_ms)
@@ -71,7 +86,8 @@ class RedisIdempotencyStore:
     async def release(self, key: str) -> None:
         # Only a pending claim is released; a completed key stays completed.
         name = self._key(key)
-        if await self._redis.get(name) == _PENDING:
+        current = await self._redis.get(name)
+        if current is not None and current.startswith(_PENDING):
             await self._redis.delete(name)
 
     async def is_completed(self, key: str) -> bool:

@@ -41,10 +41,10 @@ class Message:
         "_fields",
         "_reader",
         "_retry_record",
+        "_rid",
         "due",
         "event_id",
         "headers",
-        "id",
         "key",
         "payload",
         "published_at",
@@ -54,7 +54,7 @@ class Message:
 
     def __init__(
         self,
-        id: str,
+        id: str | bytes,
         stream: str,
         shard: str,
         payload: bytes,
@@ -63,7 +63,8 @@ class Message:
         headers: Mapping[str, str] | None = None,
         published_at: int = 0,
     ) -> None:
-        self.id = id
+        # Kept as the bytes Redis returned: acks and takeover use them as they are.
+        self._rid = id if isinstance(id, bytes) else id.encode()
         self.stream = stream
         self.shard = shard
         self.payload = payload
@@ -80,6 +81,11 @@ class Message:
         self._error: str | None = None  # set when the entry is poison
 
     @property
+    def id(self) -> str:
+        """The Redis entry id."""
+        return self._rid.decode()
+
+    @property
     def attempt(self) -> int:
         """1 on the first delivery; failed attempts so far + 1."""
         return self._failures + 1
@@ -91,12 +97,19 @@ class Message:
 class Context:
     """Per-message context: the message, its idempotency key, a logger, and publishing."""
 
-    __slots__ = ("app", "idempotency_key", "logger", "message")
+    __slots__ = ("app", "idempotency_key", "logger", "member_id", "message")
 
-    def __init__(self, app: App, message: Message, logger: logging.LoggerAdapter[Any]) -> None:
+    def __init__(
+        self,
+        app: App,
+        message: Message,
+        logger: logging.LoggerAdapter[Any],
+        member_id: str = "",
+    ) -> None:
         self.app = app
         self.message = message
         self.logger = logger
+        self.member_id = member_id  # the worker (group member) handling the message
         self.idempotency_key: str | None = None
 
     async def publish(

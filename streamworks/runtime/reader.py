@@ -73,7 +73,7 @@ class ShardReader:
         self.accepting = True  # False once draining/stopped: queued messages are dropped
         self.stop_reason: str | None = None
         self.outstanding = 0  # messages handed to the dispatcher and not yet settled
-        self.held: set[str] = set()  # their ids (a takeover pass skips them)
+        self.held: set[bytes] = set()  # their ids (a takeover pass skips them)
         self.recovering = True  # run the takeover phase before the next live read
         self.acked_since_trim = False
         self._limit = worker.settings.worker.read_batch * worker.settings.worker.read_ahead
@@ -231,7 +231,7 @@ class ShardReader:
     # -- settling ------------------------------------------------------------------------
     def settle(self, message: Message) -> None:
         """``message`` is done with here (acked, dead-lettered or dropped)."""
-        self.held.discard(message.id)
+        self.held.discard(message._rid)
         self.outstanding -= 1
         self._after_settle()
 
@@ -239,7 +239,7 @@ class ShardReader:
         held = self.held
         n = 0
         for message in messages:
-            held.discard(message.id)
+            held.discard(message._rid)
             n += 1
         self.outstanding -= n
         self.acked_since_trim = True

@@ -22,11 +22,11 @@ class MemoryStore:
         self.state: dict[str, str] = {}
         self.calls: list[str] = []
 
-    async def claim(self, key: str, ttl: float) -> bool:
+    async def claim(self, key: str, ttl: float, holder: str) -> bool:
         self.calls.append(f"claim {key}")
-        if key in self.state:
+        if key in self.state and self.state[key] != f"pending {holder}":
             return False
-        self.state[key] = "pending"
+        self.state[key] = f"pending {holder}"
         return True
 
     async def complete(self, key: str) -> None:
@@ -35,7 +35,7 @@ class MemoryStore:
 
     async def release(self, key: str) -> None:
         self.calls.append(f"release {key}")
-        if self.state.get(key) == "pending":
+        if self.state.get(key, "").startswith("pending"):
             del self.state[key]
 
     async def is_completed(self, key: str) -> bool:
@@ -103,7 +103,7 @@ async def test_a_key_claimed_elsewhere_waits_instead_of_being_dropped(
     streamworks_runtime: Callable[..., TestRuntime],
 ) -> None:
     store = MemoryStore()
-    store.state["k"] = "pending"  # another member is processing it right now
+    store.state["k"] = "pending orders/9@0/1-0"  # another message holds it right now
     app = App("g", idempotency_store=store)
     app.stream("orders", shards=1)
     ran: list[str] = []
@@ -124,3 +124,32 @@ async def test_a_key_claimed_elsewhere_waits_instead_of_being_dropped(
         del store.state["k"]  # the other member gave up its claim
         await rt.wait_idle(timeout=10)
         assert ran == ["1"]
+
+
+@pytest.mark.seed("E23")
+async def test_a_claim_left_by_a_crashed_member_is_taken_over_by_the_same_message(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    app = App("g")
+    app.stream("orders", shards=1)
+    calls: list[str] = []
+    import anyio
+
+    hang = anyio.Event()
+
+    @app.handler("orders", idempotency_key=lambda order, ctx: order.id)
+    async def charge(order: Order, ctx: Context) -> None:
+        calls.append(ctx.member_id)
+        if len(calls) == 1:
+            await hang.wait()  # crashes while holding the claim
+
+    async with streamworks_runtime(app, workers=2) as rt:
+        owner = next(i for i, w in enumerate(rt.workers) if w.owned_shards())
+        await app.publish("orders", Order(id="o-1"))
+        from tests.support import wait_for
+
+        await wait_for(lambda: len(calls) == 1, message="the first attempt")
+        await rt.kill_worker(owner)
+        await rt.wait_idle(timeout=5)  # not blocked for the claim's TTL
+        assert len(calls) == 2 and calls[0] != calls[1]
+        assert rt.statistics("orders")["duplicates"] == 0

@@ -125,19 +125,23 @@ def test_heterogeneous_streams_balanced_per_stream_and_in_total() -> None:
         "c": frozenset({"orders", "audit"}),
     }
     result = assign_uniform(subscriptions, topology(orders=7, audit=5), {})
-    per_stream = {
-        mid: Counter(stream_of(s) for s in shards) for mid, shards in result.items()
-    }
+    per_stream = {mid: Counter(stream_of(s) for s in shards) for mid, shards in result.items()}
     assert sorted(per_stream[m]["orders"] for m in "abc") == [2, 2, 3]
     assert sorted(per_stream[m]["audit"] for m in "bc") == [2, 3]
     assert abs(len(result["b"]) - len(result["c"])) <= 1
 
 
 def test_extras_go_to_least_loaded_member() -> None:
-    # "a" takes an extra orders shard (ids break the tie), so audit's extra goes to "b".
-    result = assign_uniform(subs("a", "b", streams=("audit", "orders")), topology(
-        orders=3, audit=3), {})
-    assert sizes(result) == [3, 3]
+    # Streams are balanced in name order: audit's extra goes to "a" (tie, smallest
+    # id), so a=2 b=1 c=0 before orders; orders' extra then goes to "c", the least loaded.
+    subscriptions = {
+        "a": frozenset({"audit", "orders"}),
+        "b": frozenset({"audit", "orders"}),
+        "c": frozenset({"orders"}),
+    }
+    result = assign_uniform(subscriptions, topology(audit=3, orders=4), {})
+    assert {m: len(s) for m, s in result.items()} == {"a": 3, "b": 2, "c": 2}
+    assert Counter(stream_of(s) for s in result["c"]) == {"orders": 2}
 
 
 def test_duplicate_previous_ownership_is_resolved_deterministically() -> None:
@@ -196,7 +200,8 @@ def test_assignor_scales_to_10k_members_and_shards() -> None:
     sticky = time.perf_counter() - started
     assert sizes(second)[0] == 1
     assert sizes(second)[-1] == 2
-    assert moved(first, second) == 0  # only the leaver's shard found a new owner
+    # Only the leaver's shard found a new owner; everybody else kept theirs.
+    assert all(first[mid] <= second[mid] for mid in members)
     # Measured ~50 ms each on a laptop; the bound is generous against slow CI.
     assert fresh < 1.0
     assert sticky < 1.0
@@ -213,8 +218,9 @@ def assignor_inputs(
 ) -> tuple[dict[str, frozenset[str]], Topology, dict[str, frozenset[str]]]:
     counts = {s: draw(st.integers(0, 12)) for s in STREAMS}
     top = topology(**counts)
-    member_ids = draw(st.lists(st.sampled_from([f"m{i}" for i in range(8)]), min_size=1,
-                               max_size=8, unique=True))
+    member_ids = draw(
+        st.lists(st.sampled_from([f"m{i}" for i in range(8)]), min_size=1, max_size=8, unique=True)
+    )
     if homogeneous:
         common = draw(st.frozensets(st.sampled_from(STREAMS), min_size=1))
         subscriptions = dict.fromkeys(member_ids, common)

@@ -56,7 +56,9 @@ def test_same_protocol_count_and_key_give_the_same_shard() -> None:
     first = [table(8).route(k).shard for k in keys]
     again = [table(8, version=9).route(k).shard for k in keys]  # another table, same layout
     assert first == again
-    moved = sum(a.index != b.shard.index for a, b in zip(first, map(table(9).route, keys), strict=True))
+    moved = sum(
+        a.index != b.shard.index for a, b in zip(first, map(table(9).route, keys), strict=True)
+    )
     assert moved > 0  # a different shard count is a different routing domain
 
 

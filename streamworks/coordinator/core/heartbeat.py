@@ -22,10 +22,8 @@ Member reports are used for reconciliation and fencing only, never copied into
 group metadata (E20). An epoch reported above the group epoch is evidence of lost
 writes too, so the group epoch is raised above it before anything is issued.
 
-While a target computation is deferred by batching, no new shard is granted:
-grants use the target epoch, and a shard freed in that window would otherwise be
-granted to its next owner at the same epoch as to its previous one, which the
-owner-fence script (``fence.lua``) rightly refuses.
+While a target computation is deferred by batching, members keep reconciling
+(and receiving freed shards) against the last target, as in Kafka.
 """
 
 from __future__ import annotations
@@ -307,9 +305,6 @@ def _reconcile(edit: GroupEdit, member: Member, request: HeartbeatInput, now_ms:
         request.reported(),
         edit.holders(),
         now_ms,
-        # While a newer target waits for its batching slot, grants would reuse the
-        # old target epoch; hold them back until the new target exists.
-        allow_grants=edit.group_epoch == edit.target_epoch,
     )
 
 

@@ -16,6 +16,12 @@ only the revocation (epoch frozen, revocation deadline armed) and receives new
 shards on a later heartbeat. A shard is granted only when no *other* live member
 holds it, in ``assigned`` or ``pending_revocation``; otherwise it stays in the
 target and is reported as pending.
+
+Newly granted shards get the target epoch as grant epoch. Grant epochs therefore
+strictly increase whenever a shard changes owner: targets are disjoint at any
+target epoch, so a shard reaches a new owner's target only in a later target than
+any in which the previous owner received it. The owner-fence script relies on it
+(it refuses a different member at an equal epoch).
 """
 
 from __future__ import annotations
@@ -35,8 +41,6 @@ def reconcile_member(
     owned: frozenset[str] | None,
     holders: Mapping[str, str],
     now_ms: int,
-    *,
-    allow_grants: bool = True,
 ) -> Member:
     """Advance ``member`` towards ``target`` as far as the protocol allows now.
 
@@ -49,9 +53,6 @@ def reconcile_member(
         holders: shard -> live member holding it (``Group.holders()``); shards held
             by the member itself do not block it.
         now_ms: the current time, used to arm the revocation deadline.
-        allow_grants: when False, no new shard is granted (they stay pending). The
-            caller uses this while a newer target is still to be computed, so that
-            grant epochs strictly increase whenever a shard changes owner.
 
     Returns:
         The new record; ``member`` itself when nothing changes.
@@ -70,7 +71,7 @@ def reconcile_member(
         revoke_epoch = member.epoch + 1
     else:
         revoke_epoch = member.epoch
-    return _next(member, revoke_epoch, target_epoch, target, owned, holders, now_ms, allow_grants)
+    return _next(member, revoke_epoch, target_epoch, target, owned, holders, now_ms)
 
 
 def _next(
@@ -81,7 +82,6 @@ def _next(
     owned: frozenset[str] | None,
     holders: Mapping[str, str],
     now_ms: int,
-    allow_grants: bool,
 ) -> Member:
     keep = {shard: epoch for shard, epoch in member.assigned.items() if shard in target}
     revoke = frozenset(shard for shard in member.assigned if shard not in target)
@@ -101,8 +101,7 @@ def _next(
     for shard in target:
         if shard in keep:
             continue
-        holder = holders.get(shard, member.member_id)
-        if allow_grants and holder == member.member_id:
+        if holders.get(shard, member.member_id) == member.member_id:
             assigned[shard] = target_epoch
         else:
             unreleased = True

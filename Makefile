@@ -1,0 +1,37 @@
+# streamworks — the newcomer's commands are `make demo` and `make test`.
+VENV    ?= .venv
+PYTHON  ?= python3
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: venv demo test lint format bench chaos clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -U pip
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+demo: venv ## run the orders example end to end on an embedded Redis
+	$(PY) -m examples.orders.demo
+
+test: venv ## the whole test suite (embedded Redis unless STREAMWORKS_TEST_REDIS_URL is set)
+	$(VENV)/bin/pytest -q
+
+lint: venv ## ruff + mypy strict
+	$(VENV)/bin/ruff check streamworks tests bench examples
+	$(VENV)/bin/ruff format --check streamworks tests bench examples
+	$(VENV)/bin/mypy
+
+format: venv
+	$(VENV)/bin/ruff check --fix streamworks tests bench examples
+	$(VENV)/bin/ruff format streamworks tests bench examples
+
+bench: venv ## throughput against raw redis-py, in one run
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,194 @@
+"""retire.lua: drain check of a removed shard and its atomic retirement.
+
+Contract: {2} already gone | {1} drained (and retired when asked) | {0, reason}.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import Scripts
+
+from .streams import add_entries, groups, read_group, shard, text
+
+GROUPS = ("billing", "shipping")
+
+
+class Shard:
+    """A shard with GROUPS, a fence and a retry hash per group, and a dedup record."""
+
+    def __init__(self, redis: Any, scripts: Scripts, keyspace: Keyspace) -> None:
+        self.redis = redis
+        self.scripts = scripts
+        self.sid = shard()
+        self.stream = keyspace.stream(self.sid)
+        self.extra = [keyspace.fence(self.sid, g) for g in GROUPS] + [
+            keyspace.retries(self.sid, g) for g in GROUPS
+        ]
+        self.dedup = keyspace.dedup(self.sid, "ev-1")
+        self.other_shard = keyspace.stream(shard(index=1))
+
+    async def setup(self, entries: int) -> list[str]:
+        assert await self.scripts.shard_create(keys=[self.stream], args=list(GROUPS)) == 1
+        assert await self.scripts.shard_create(keys=[self.other_shard], args=list(GROUPS)) == 1
+        for i, g in enumerate(GROUPS):
+            await self.redis.set(self.extra[i], f"1:m-{g}")
+            await self.redis.hset(self.extra[len(GROUPS) + i], "1-0", "1:0")
+        await self.redis.set(self.dedup, "1-0")
+        return await add_entries(self.redis, self.stream, entries)
+
+    async def consume(self, group: str, n: int, *, ack: bool = True) -> list[str]:
+        ids = await read_group(self.redis, self.stream, group, "c", n)
+        if ack and ids:
+            await self.redis.xack(self.stream, group, *ids)
+        return ids
+
+    async def retire(self, mode: str, required: tuple[str, ...] = GROUPS) -> list[Any]:
+        return await self.scripts.retire(keys=[self.stream, *self.extra], args=[mode, *required])
+
+    async def existing(self) -> set[str]:
+        keys = [self.stream, *self.extra, self.dedup, self.other_shard]
+        return {k for k in keys if await self.redis.exists(k)}
+
+    def all_keys(self) -> set[str]:
+        return {self.stream, *self.extra, self.dedup, self.other_shard}
+
+
+@pytest.fixture
+def sh(redis: Any, scripts: Scripts, keyspace: Keyspace) -> Shard:
+    return Shard(redis, scripts, keyspace)
+
+
+async def assert_refused(sh: Shard, *words: str, required: tuple[str, ...] = GROUPS) -> None:
+    """Both modes refuse with a reason containing one of ``words``; nothing is deleted."""
+    for mode in ("check", "retire"):
+        reply = await sh.retire(mode, required)
+        assert reply[0] == 0, reply
+        reason = text(reply[1])
+        assert any(w in reason for w in words), reason
+        assert await sh.existing() == sh.all_keys()
+
+
+async def test_drained_shard_passes_the_check_and_is_kept(sh: Shard) -> None:
+    await sh.setup(3)
+    for g in GROUPS:
+        await sh.consume(g, 3)
+
+    assert await sh.retire("check") == [1]
+    assert await sh.existing() == sh.all_keys()
+
+
+async def test_retire_deletes_the_stream_and_its_keys_but_not_the_dedup_record(
+    sh: Shard, redis: Any
+) -> None:
+    await sh.setup(3)
+    for g in GROUPS:
+        await sh.consume(g, 3)
+
+    assert await sh.retire("retire") == [1]
+
+    assert await sh.existing() == {sh.dedup, sh.other_shard}
+    # A stale producer cannot resurrect it.
+    assert await redis.xadd(sh.stream, {"n": "9"}, nomkstream=True) is None
+    assert await redis.exists(sh.stream) == 0
+
+
+async def test_already_gone(sh: Shard) -> None:
+    assert await sh.retire("check") == [2]
+    assert await sh.retire("retire") == [2]
+    await sh.setup(0)
+    assert await sh.retire("retire") == [1]
+    assert await sh.retire("retire") == [2]
+
+
+async def test_empty_never_used_shard_is_drained(sh: Shard) -> None:
+    await sh.setup(0)
+    assert await sh.retire("check") == [1]
+
+
+async def test_trimmed_drained_shard_is_drained(sh: Shard) -> None:
+    await sh.setup(4)
+    for g in GROUPS:
+        await sh.consume(g, 4)
+    assert await sh.scripts.trim(keys=[sh.stream], args=[""]) == 4
+    assert await sh.retire("check") == [1]
+
+
+async def test_not_drained_while_a_group_has_pending_entries(sh: Shard) -> None:
+    await sh.setup(3)
+    await sh.consume(GROUPS[0], 3)
+    await sh.consume(GROUPS[1], 3, ack=False)
+    await sh.redis.xack(sh.stream, GROUPS[1], "1-0", "3-0")
+
+    await assert_refused(sh, "pending")
+
+    await sh.redis.xack(sh.stream, GROUPS[1], "2-0")
+    assert await sh.retire("check") == [1]
+
+
+async def test_not_drained_while_a_group_lags(sh: Shard) -> None:
+    await sh.setup(3)
+    await sh.consume(GROUPS[0], 3)
+    await sh.consume(GROUPS[1], 2)
+    assert (await groups(sh.redis, sh.stream))[GROUPS[1]]["lag"] == 1
+
+    await assert_refused(sh, "lag", "undelivered")
+
+
+async def test_not_drained_while_lag_is_nil(sh: Shard, redis: Any) -> None:
+    """Research 1.3 scenario D: XDEL of an entry the group has not read yet."""
+    await sh.setup(3)
+    await sh.consume(GROUPS[0], 3)
+    await sh.consume(GROUPS[1], 1)
+    await redis.xdel(sh.stream, "2-0")  # undelivered for GROUPS[1]
+    info = await groups(redis, sh.stream)
+    assert info[GROUPS[1]]["lag"] is None, "precondition: scenario D gives lag nil"
+    assert info[GROUPS[1]]["pending"] == 0
+
+    await assert_refused(sh, "nil", "unknown")
+
+
+async def test_not_drained_with_undelivered_entries_even_if_lag_says_zero(
+    sh: Shard, redis: Any
+) -> None:
+    """Lag is not trusted alone: a group whose entries-read was set to entries-added
+    reports lag 0 while every entry is still undelivered."""
+    await sh.setup(3)
+    await sh.consume(GROUPS[0], 3)
+    await redis.execute_command("XGROUP", "SETID", sh.stream, GROUPS[1], "0", "ENTRIESREAD", 3)
+    g = (await groups(redis, sh.stream))[GROUPS[1]]
+    assert (g["lag"], g["pending"], g["last-delivered-id"]) == (0, 0, "0-0"), "precondition"
+
+    await assert_refused(sh, "undelivered")
+
+
+async def test_not_drained_while_a_required_group_is_missing(sh: Shard) -> None:
+    await sh.setup(2)
+    for g in GROUPS:
+        await sh.consume(g, 2)
+
+    await assert_refused(sh, "missing", required=(*GROUPS, "audit"))
+    reply = await sh.retire("check", (*GROUPS, "audit"))
+    assert "audit" in text(reply[1])
+
+
+async def test_unregistered_groups_on_the_shard_are_checked_too(sh: Shard, redis: Any) -> None:
+    await sh.setup(2)
+    for g in GROUPS:
+        await sh.consume(g, 2)
+    await redis.xgroup_create(sh.stream, "stray", id="0")  # not in the registry, lag 2
+
+    await assert_refused(sh, "stray")
+
+
+async def test_check_becomes_drained_once_the_last_group_catches_up(sh: Shard) -> None:
+    await sh.setup(5)
+    await sh.consume(GROUPS[0], 5)
+    for _ in range(5):
+        assert (await sh.retire("check"))[0] == 0
+        await sh.consume(GROUPS[1], 1)
+    assert await sh.retire("retire") == [1]
+    assert await sh.existing() == {sh.dedup, sh.other_shard}

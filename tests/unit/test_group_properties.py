@@ -1,0 +1,636 @@
+"""Group-level properties: a stateful model of members, clients, clocks and topology.
+
+A hypothesis ``RuleBasedStateMachine`` drives the pure core the way the shell
+and real members would: honest clients join, heartbeat (sometimes losing the
+response, then re-sending their old epoch), drain revoked shards over a few
+heartbeats, leave or crash; the clock advances; the event loop expires leases,
+fences overdue revocations, removes stale records and computes batched targets;
+streams gain and lose shards. The protocol invariants are checked after every step.
+
+Also here: the model's serialization and validation properties.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from streamworks.coordinator.core import (
+    CoreConfig,
+    Group,
+    GroupChange,
+    GroupState,
+    HeartbeatInput,
+    HeartbeatResult,
+    HeartbeatStatus,
+    Member,
+    MemberState,
+    Topology,
+    compute_target_if_due,
+    expire_members,
+    fence_overdue_revocations,
+    heartbeat,
+    remove_stale_members,
+    stream_of,
+)
+from streamworks.exceptions import ConfigurationError
+
+MEMBER_IDS = ("m0", "m1", "m2", "m3", "m4")
+STREAMS = ("a", "b")
+#: Heartbeats a client needs to drain a revoked shard; 50 is a handler that hangs
+#: until the revocation deadline fences it.
+DRAIN_HEARTBEATS = st.sampled_from([0, 1, 1, 2, 3, 50])
+
+
+@dataclass
+class Client:
+    """What an honest member process believes."""
+
+    alive: bool = False
+    epoch: int = 0
+    metadata_version: int = 0
+    subscriptions: frozenset[str] = frozenset(STREAMS)
+    send_subscriptions: bool = False
+    owned: set[str] = field(default_factory=set)
+    revoking: dict[str, int] = field(default_factory=dict)  # shard -> heartbeats left
+
+    def drop_everything(self) -> None:
+        self.epoch = 0
+        self.owned.clear()
+        self.revoking.clear()
+
+
+class GroupMachine(RuleBasedStateMachine):
+    """Homogeneous subscriptions, targets computed on every change."""
+
+    config = CoreConfig(
+        lease_ttl_ms=10_000,
+        rebalance_timeout_ms=30_000,
+        heartbeat_interval_ms=1_000,
+        stale_member_retention_ms=60_000,
+        assignment_interval_ms=0,
+    )
+    heterogeneous = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1_000_000
+        self.shard_counts = {"a": 4, "b": 3}
+        self.incarnation = 0
+        self.topology_version = 1
+        self.topology = self._build_topology()
+        self.group = Group("g")
+        self.clients = {mid: Client() for mid in MEMBER_IDS}
+        self.leases: dict[str, int] = {}
+        self.fences: dict[str, tuple[str, int]] = {}
+        self.converged_checks = 0
+
+    # -- the world ---------------------------------------------------------------
+
+    def _build_topology(self) -> Topology:
+        return Topology(
+            shards={
+                s: tuple(f"{s}/{i}@{self.incarnation}" for i in range(n))
+                for s, n in self.shard_counts.items()
+            },
+            versions=dict.fromkeys(self.shard_counts, self.topology_version),
+        )
+
+    def _apply(
+        self,
+        result: GroupChange,
+        *,
+        actor: str | None = None,
+        reported: frozenset[str] | None = None,
+        replaced: bool = False,
+    ) -> None:
+        """Commit a step like the shell would, checking the step-wise invariants."""
+        before, after = self.group, result.group
+        # The change set is exact: the shell writes only that, and a no-op nothing.
+        assert result.header_changed == (before.to_header() != after.to_header())
+        differing = {
+            mid
+            for mid in set(before.members) | set(after.members)
+            if before.members.get(mid) != after.members.get(mid)
+        }
+        assert result.changed_members == differing
+        assert result.removed_members == set(before.members) - set(after.members)
+        # Invariant 2: group and target epochs never decrease.
+        assert after.group_epoch >= before.group_epoch
+        assert after.target_epoch >= before.target_epoch
+        for mid, new in after.members.items():
+            old = before.members.get(mid)
+            if old is None or (replaced and mid == actor):
+                continue  # a new incarnation of the member starts over
+            # Invariant 2: a member's epoch never decreases.
+            assert new.epoch >= old.epoch, f"{mid} epoch went back"
+            if new.epoch != old.epoch:
+                # Only the heartbeating member's epoch moves, never in timer steps...
+                assert mid == actor, f"{mid}'s epoch moved in someone else's step"
+                # ...and (invariant 3) never while it still holds shards to revoke.
+                if old.state is MemberState.UNREVOKED:
+                    assert reported is not None
+                    assert reported.isdisjoint(old.pending_revocation)
+        # Invariant 4: per shard, grant epochs never decrease and strictly increase
+        # when the owner changes (what fence.lua accepts).
+        for fence in result.fences:
+            last = self.fences.get(fence.shard)
+            if last is not None:
+                assert fence.epoch >= last[1], f"fence of {fence.shard} went back"
+                if last[0] != fence.member_id:
+                    assert fence.epoch > last[1], f"{fence.shard} changed owner at same epoch"
+            self.fences[fence.shard] = (fence.member_id, fence.epoch)
+        self.group = after
+
+    def _heartbeat(self, mid: str, *, lose: bool, drain: int) -> HeartbeatResult | None:
+        client = self.clients[mid]
+        if not client.alive:
+            return None
+        for shard in list(client.revoking):
+            client.revoking[shard] -= 1
+            if client.revoking[shard] <= 0:
+                del client.revoking[shard]
+        joining = client.epoch == 0
+        request = HeartbeatInput(
+            member_id=mid,
+            member_epoch=client.epoch,
+            metadata_version=client.metadata_version,
+            subscriptions=(client.subscriptions if joining or client.send_subscriptions else None),
+            owned=frozenset(client.owned),
+            revoking=frozenset(client.revoking),
+        )
+        result = heartbeat(self.group, self.topology, request, self.now, self.config)
+        self._apply(result, actor=mid, reported=request.reported(), replaced=joining)
+        if result.renews_lease:
+            self.leases[mid] = self.now + self.config.lease_ttl_ms
+        if result.status is HeartbeatStatus.OK:
+            record = self.group.members[mid]
+            assert result.member_epoch == record.epoch
+            assert result.assigned == record.assigned
+            assert result.revoke == record.pending_revocation
+            assert result.pending == record.target - set(record.assigned)
+            # The owner fence of every shard the member may read names it already.
+            for shard, epoch in result.assigned.items():
+                assert self.fences[shard] == (mid, epoch)
+        assert result.status is not HeartbeatStatus.SYNC_METADATA  # no write loss here
+        if lose:
+            return result
+        if result.status is HeartbeatStatus.OK:
+            client.epoch = result.member_epoch
+            client.metadata_version = result.group.metadata_version
+            client.send_subscriptions = False
+            granted = set(result.assigned)
+            for shard in client.owned - granted:
+                if drain > 0:
+                    client.revoking[shard] = drain
+            client.owned = granted
+            for shard in granted:
+                client.revoking.pop(shard, None)
+        else:
+            client.drop_everything()
+        return result
+
+    # -- rules ---------------------------------------------------------------------
+
+    @initialize(count=st.integers(1, 4))
+    def start_some_members(self, count: int) -> None:
+        for mid in MEMBER_IDS[:count]:
+            self.start(mid, frozenset(STREAMS))
+            self._heartbeat(mid, lose=False, drain=0)
+
+    @rule(
+        order=st.permutations(MEMBER_IDS),
+        losses=st.lists(st.sampled_from([False] * 5 + [True]), min_size=5, max_size=5),
+        drain=DRAIN_HEARTBEATS,
+        pause=st.sampled_from([100, 200, 1_000]),
+    )
+    def heartbeat_round(self, order: list[str], losses: list[bool], drain: int, pause: int) -> None:
+        """Every running member heartbeats once, some responses get lost."""
+        self.now += pause
+        for mid, lose in zip(order, losses, strict=True):
+            self._heartbeat(mid, lose=lose, drain=drain)
+
+    @rule(
+        mid=st.sampled_from(MEMBER_IDS), streams=st.frozensets(st.sampled_from(STREAMS), min_size=1)
+    )
+    def start(self, mid: str, streams: frozenset[str]) -> None:
+        client = self.clients[mid]
+        if client.alive:
+            return
+        client.alive = True
+        client.drop_everything()
+        client.subscriptions = streams if self.heterogeneous else frozenset(STREAMS)
+
+    @rule(
+        mid=st.sampled_from(MEMBER_IDS),
+        lose=st.sampled_from([False, False, False, True]),
+        drain=DRAIN_HEARTBEATS,
+    )
+    def send_heartbeat(self, mid: str, lose: bool, drain: int) -> None:
+        self._heartbeat(mid, lose=lose, drain=drain)
+
+    @rule(mid=st.sampled_from(MEMBER_IDS))
+    def leave(self, mid: str) -> None:
+        client = self.clients[mid]
+        if not client.alive:
+            return
+        result = heartbeat(
+            self.group,
+            self.topology,
+            HeartbeatInput(mid, -1, client.metadata_version),
+            self.now,
+            self.config,
+        )
+        self._apply(result, actor=mid)
+        assert result.status is HeartbeatStatus.OK
+        assert mid not in self.group.live_members()
+        self.leases.pop(mid, None)
+        client.alive = False
+        client.drop_everything()
+
+    @rule(mid=st.sampled_from(MEMBER_IDS))
+    def crash(self, mid: str) -> None:
+        client = self.clients[mid]
+        client.alive = False
+        client.drop_everything()
+
+    @rule(ms=st.sampled_from([1, 500, 2_000, 9_999, 10_000, 12_000, 30_000, 70_000]))
+    def tick(self, ms: int) -> None:
+        self.now += ms
+
+    @rule()
+    def expire_leases(self) -> None:
+        due = sorted(mid for mid, until in self.leases.items() if until <= self.now)
+        self._apply(expire_members(self.group, due, self.now))
+        for mid in due:
+            del self.leases[mid]
+            assert mid not in self.group.live_members()
+
+    @rule()
+    def fence_overdue(self) -> None:
+        self._apply(fence_overdue_revocations(self.group, self.now))
+        for member in self.group.live_members().values():
+            deadline = member.revocation_deadline_ms
+            assert deadline is None or deadline > self.now
+
+    @rule()
+    def remove_stale(self) -> None:
+        self._apply(remove_stale_members(self.group, self.now, self.config))
+
+    @rule()
+    def compute_target(self) -> None:
+        result = compute_target_if_due(self.group, self.topology, self.now, self.config)
+        self._apply(result)
+        assert result.fences == ()
+
+    @rule(stream=st.sampled_from(STREAMS), delta=st.sampled_from([-1, 1, 2]))
+    def change_shards(self, stream: str, delta: int) -> None:
+        self.shard_counts[stream] = max(0, min(8, self.shard_counts[stream] + delta))
+        if delta > 1:
+            # A scale-out after a scale-in uses a new incarnation: ids never repeat.
+            self.incarnation += 1
+        self.topology_version += 1
+        self.topology = self._build_topology()
+
+    @precondition(lambda self: self.converged_checks < 2)
+    @rule()
+    def converge(self) -> None:
+        """With stable membership and honest clients the group converges (invariant 5)."""
+        self.converged_checks += 1
+        for client in self.clients.values():  # honest from now on: hung handlers finish
+            for shard in client.revoking:
+                client.revoking[shard] = min(client.revoking[shard], 2)
+        rounds = self.config.lease_ttl_ms // self.config.heartbeat_interval_ms + 10
+        for _ in range(rounds):
+            self.now += self.config.heartbeat_interval_ms
+            self.expire_leases()
+            self.fence_overdue()
+            self.compute_target()
+            for mid in MEMBER_IDS:
+                self._heartbeat(mid, lose=False, drain=1)
+            if self._settled():
+                break
+        assert self._settled(), f"not converged after {rounds} rounds: {self.group.state}"
+        self._check_balance()
+        if not self.heterogeneous:
+            self._check_join_moves_little()
+
+    # -- convergence checks ------------------------------------------------------------
+
+    def _alive(self) -> set[str]:
+        return {mid for mid, c in self.clients.items() if c.alive}
+
+    def _settled(self) -> bool:
+        live = set(self.group.live_members())
+        return live == self._alive() and self.group.state in (GroupState.STABLE, GroupState.EMPTY)
+
+    def _check_balance(self) -> None:
+        live = self.group.live_members()
+        subscribed = set().union(*(m.subscriptions for m in live.values())) if live else set()
+        expected = {s for stream in subscribed for s in self.topology.shards_of(stream)}
+        assigned = [s for m in live.values() for s in m.assigned]
+        assert sorted(assigned) == sorted(expected), "not every assignable shard is assigned"
+        for mid, member in live.items():
+            assert set(member.assigned) == member.target
+            assert self.clients[mid].owned == set(member.assigned)
+        classes: dict[frozenset[str], list[int]] = {}
+        for member in live.values():
+            effective = frozenset(s for s in member.subscriptions if self.topology.shards_of(s))
+            classes.setdefault(effective, []).append(len(member.assigned))
+        for sizes in classes.values():
+            assert max(sizes) - min(sizes) <= 1, f"unbalanced: {sizes}"
+
+    def _check_join_moves_little(self) -> None:
+        """Invariant 6: a join into a stable group moves at most ⌈shards/members⌉."""
+        idle = [mid for mid in MEMBER_IDS if not self.clients[mid].alive]
+        if not idle:
+            return
+        before = {s: mid for mid, m in self.group.live_members().items() for s in m.target}
+        self.start(idle[0], frozenset(STREAMS))
+        self._heartbeat(idle[0], lose=False, drain=1)
+        self.now += self.config.assignment_interval_ms
+        self.compute_target()
+        after = {s: mid for mid, m in self.group.live_members().items() for s in m.target}
+        moved = sum(1 for s, mid in after.items() if before.get(s, mid) != mid)
+        members = len(self.group.live_members())
+        assert moved <= math.ceil(len(after) / members)
+
+    # -- invariants checked after every step ------------------------------------------------
+
+    @invariant()
+    def no_shard_has_two_live_holders(self) -> None:  # invariant 1
+        seen: dict[str, str] = {}
+        for mid, member in self.group.live_members().items():
+            for shard in member.held():
+                assert shard not in seen, f"{shard} held by {seen.get(shard)} and {mid}"
+                seen[shard] = mid
+
+    @invariant()
+    def live_holdings_match_their_fences(self) -> None:
+        for mid, member in self.group.live_members().items():
+            for shard, epoch in member.assigned.items():
+                assert self.fences.get(shard) == (mid, epoch)
+
+    @invariant()
+    def epochs_are_ordered(self) -> None:
+        group = self.group
+        assert group.target_epoch <= group.group_epoch
+        for member in group.live_members().values():
+            assert member.epoch <= group.target_epoch
+            assert all(e <= member.epoch for e in member.assigned.values())
+            if member.state is MemberState.STABLE and member.epoch == group.target_epoch:
+                assert set(member.assigned) == member.target
+            if member.state is MemberState.UNREVOKED:
+                assert member.pending_revocation
+                assert member.revocation_deadline_ms is not None
+
+    @invariant()
+    def targets_are_disjoint(self) -> None:
+        seen: set[str] = set()
+        for member in self.group.live_members().values():
+            assert seen.isdisjoint(member.target)
+            seen |= member.target
+            for shard in member.target:
+                assert stream_of(shard) in member.subscriptions
+
+    @invariant()
+    def dead_records_hold_nothing(self) -> None:
+        for member in self.group.members.values():
+            if not member.is_live:
+                assert member.held() == frozenset()
+                assert member.target == frozenset()
+                assert member.expired_at_ms is not None
+        if self.group.state is GroupState.EMPTY:
+            assert self.group.live_members() == {}
+
+
+class BatchedHeterogeneousMachine(GroupMachine):
+    """Mixed subscriptions, resubscriptions and batched target computation."""
+
+    config = replace(GroupMachine.config, assignment_interval_ms=2_500)
+    heterogeneous = True
+
+    @rule(
+        mid=st.sampled_from(MEMBER_IDS), streams=st.frozensets(st.sampled_from(STREAMS), min_size=1)
+    )
+    def resubscribe(self, mid: str, streams: frozenset[str]) -> None:
+        client = self.clients[mid]
+        if client.alive and client.epoch > 0:
+            client.subscriptions = streams
+            client.send_subscriptions = True
+
+
+_machine_settings = settings(
+    max_examples=80,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestGroupMachine = GroupMachine.TestCase
+TestGroupMachine.settings = _machine_settings
+TestBatchedHeterogeneousMachine = BatchedHeterogeneousMachine.TestCase
+TestBatchedHeterogeneousMachine.settings = _machine_settings
+
+
+# -- the model's documents ------------------------------------------------------------
+
+shard_ids = st.builds(lambda s, i: f"{s}/{i}@0", st.sampled_from(STREAMS), st.integers(0, 20))
+
+
+@st.composite
+def members(draw: st.DrawFn) -> Member:
+    state = draw(st.sampled_from(list(MemberState)))
+    pending = draw(st.frozensets(shard_ids, max_size=3))
+    assigned = draw(st.dictionaries(shard_ids, st.integers(0, 50), max_size=4))
+    for shard in pending:
+        assigned.pop(shard, None)
+    return Member(
+        member_id=draw(st.text(min_size=1, max_size=10)),
+        epoch=draw(st.integers(0, 2**31 - 1)),
+        previous_epoch=draw(st.integers(0, 100)),
+        state=state,
+        subscriptions=draw(st.frozensets(st.sampled_from(STREAMS))),
+        assigned=assigned,
+        pending_revocation=pending,
+        target=draw(st.frozensets(shard_ids, max_size=4)),
+        revocation_deadline_ms=draw(st.none() | st.integers(0, 2**40)),
+        rebalance_timeout_ms=draw(st.integers(1, 10**6)),
+        client=draw(st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3)),
+        joined_at_ms=draw(st.integers(0, 2**40)),
+        expired_at_ms=draw(st.none() | st.integers(0, 2**40)),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(members())
+def test_member_document_round_trips_through_json(member: Member) -> None:
+    document = json.loads(json.dumps(member.to_dict()))
+    assert Member.from_dict(document) == member
+    assert json.dumps(member.to_dict()) == json.dumps(Member.from_dict(document).to_dict())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(members(), max_size=4, unique_by=lambda m: m.member_id), st.integers(0, 9))
+def test_group_header_round_trips(group_members: list[Member], epoch: int) -> None:
+    group = Group(
+        group_id="g",
+        group_epoch=epoch + 3,
+        target_epoch=epoch,
+        metadata_version=7,
+        topology_version={"a": 2},
+        last_assignment_ms=123,
+        members={m.member_id: m for m in group_members},
+    )
+    header = json.loads(json.dumps(group.to_header()))
+    assert Group.from_header(header, group.members.values()) == group
+
+
+def _member_doc() -> dict[str, object]:
+    return Member.joining(
+        "m", subscriptions=frozenset({"a"}), rebalance_timeout_ms=5, client={"host": "h"}, now_ms=1
+    ).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("state", "DANCING"),
+        ("epoch", "3"),
+        ("epoch", True),
+        ("epoch", -1),
+        ("member_id", ""),
+        ("subscriptions", "a"),
+        ("subscriptions", [1]),
+        ("assigned", {"a/0@0": "1"}),
+        ("assigned", ["a/0@0"]),
+        ("client", {"host": 1}),
+        ("revocation_deadline_ms", 1.5),
+        ("rebalance_timeout_ms", 0),
+    ],
+)
+def test_malformed_member_document_is_rejected(key: str, value: object) -> None:
+    document = _member_doc()
+    document[key] = value
+    with pytest.raises(ValueError, match=r"."):
+        Member.from_dict(document)
+
+
+@pytest.mark.parametrize("key", sorted(_member_doc()))
+def test_member_document_missing_a_key_is_rejected(key: str) -> None:
+    document = _member_doc()
+    del document[key]
+    with pytest.raises(ValueError, match=key):
+        Member.from_dict(document)
+
+
+def test_member_document_overlapping_assigned_and_revoking_is_rejected() -> None:
+    document = _member_doc()
+    document["assigned"] = {"a/0@0": 1}
+    document["pending_revocation"] = ["a/0@0"]
+    with pytest.raises(ValueError, match="both assigned and revoked"):
+        Member.from_dict(document)
+
+
+def test_member_document_ignores_unknown_keys() -> None:
+    document = _member_doc()
+    document["added_by_a_newer_coordinator"] = 1
+    assert Member.from_dict(document).member_id == "m"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        [],
+        {"group_id": "g"},
+        {
+            "group_id": "g",
+            "group_epoch": 1,
+            "target_epoch": 2,
+            "metadata_version": 0,
+            "topology_version": {},
+            "last_assignment_ms": 0,
+        },
+        {
+            "group_id": "g",
+            "group_epoch": 1,
+            "target_epoch": 1,
+            "metadata_version": 0,
+            "topology_version": {"a": "1"},
+            "last_assignment_ms": 0,
+        },
+    ],
+)
+def test_malformed_group_header_is_rejected(header: object) -> None:
+    with pytest.raises(ValueError, match=r"."):
+        Group.from_header(header)
+
+
+def test_duplicate_members_are_rejected() -> None:
+    m = Member.from_dict(_member_doc())
+    with pytest.raises(ValueError, match="duplicate"):
+        Group.from_header(Group("g").to_header(), [m, m])
+
+
+def test_values_are_immutable_copies() -> None:
+    assigned = {"a/0@0": 1}
+    m = replace(Member.from_dict(_member_doc()), assigned=assigned)
+    assigned["a/1@0"] = 1
+    assert dict(m.assigned) == {"a/0@0": 1}
+    with pytest.raises(TypeError):
+        m.assigned["x"] = 1  # type: ignore[index]
+
+
+def test_group_state_is_derived() -> None:
+    m = Member.from_dict(_member_doc())
+    assert Group("g").state is GroupState.EMPTY
+    dead = replace(m, state=MemberState.EXPIRED, expired_at_ms=5)
+    assert Group("g", 1, 1, members={"m": dead}).state is GroupState.EMPTY
+    assert Group("g", 2, 1, members={"m": m}).state is GroupState.ASSIGNING
+    assert Group("g", 1, 1, members={"m": m}).state is GroupState.RECONCILING
+    assert Group("g", 1, 1, members={"m": replace(m, epoch=1)}).state is GroupState.STABLE
+    unreleased = replace(m, epoch=1, state=MemberState.UNRELEASED)
+    assert Group("g", 1, 1, members={"m": unreleased}).state is GroupState.RECONCILING
+
+
+def test_holders_cover_assigned_and_revoking_of_live_members_only() -> None:
+    m = Member.from_dict(_member_doc())
+    live = replace(m, assigned={"a/0@0": 1}, pending_revocation=frozenset({"a/1@0"}))
+    dead = replace(m, member_id="d", state=MemberState.FENCED, assigned={"a/2@0": 1})
+    group = Group("g", 1, 1, members={"m": live, "d": dead})
+    assert group.holders() == {"a/0@0": "m", "a/1@0": "m"}
+    assert set(group.live_members()) == {"m"}
+
+
+@pytest.mark.parametrize(
+    "shards",
+    [{"a": ("a/0@0", "a/0@0")}, {"a": ("b/0@0",)}],
+)
+def test_inconsistent_topology_is_rejected(shards: dict[str, tuple[str, ...]]) -> None:
+    with pytest.raises(ValueError, match="topology"):
+        Topology(shards=shards)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"lease_ttl_ms": 0},
+        {"assignment_interval_ms": -1},
+        {"heartbeat_interval_ms": 10_000, "lease_ttl_ms": 10_000},
+    ],
+)
+def test_invalid_config_is_rejected(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ConfigurationError):
+        CoreConfig(**kwargs)

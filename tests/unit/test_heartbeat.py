@@ -1,0 +1,610 @@
+"""The heartbeat step and the timers, transition by transition."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+import pytest
+
+from streamworks.coordinator.core import (
+    CoreConfig,
+    Group,
+    GroupChange,
+    GroupState,
+    HeartbeatInput,
+    HeartbeatResult,
+    HeartbeatStatus,
+    InvalidHeartbeat,
+    Member,
+    MemberState,
+    Topology,
+    compute_target_if_due,
+    expire_members,
+    fence_overdue_revocations,
+    heartbeat,
+    next_deadline_ms,
+    remove_stale_members,
+)
+
+OK = HeartbeatStatus.OK
+FENCED = HeartbeatStatus.FENCED
+UNKNOWN = HeartbeatStatus.UNKNOWN_MEMBER
+SYNC = HeartbeatStatus.SYNC_METADATA
+
+
+def orders(n: int, version: int = 1) -> Topology:
+    return Topology(
+        shards={"orders": tuple(f"orders/{i}@0" for i in range(n))}, versions={"orders": version}
+    )
+
+
+class Harness:
+    """One group driven through the core, keeping the shell's bookkeeping."""
+
+    def __init__(self, topology: Topology | None = None, config: CoreConfig | None = None):
+        self.group = Group("g")
+        self.topology = topology or orders(4)
+        self.config = config or CoreConfig()
+        self.now = 10_000
+        self.fences: dict[str, tuple[str, int]] = {}
+
+    def apply(self, result: GroupChange) -> None:
+        before = self.group
+        self.group = result.group
+        # The change set names exactly what differs: the shell writes only that.
+        assert result.header_changed == (before.to_header() != result.group.to_header())
+        differing = {
+            mid
+            for mid in set(before.members) | set(result.group.members)
+            if before.members.get(mid) != result.group.members.get(mid)
+        }
+        assert result.changed_members == differing
+        assert result.removed_members == set(before.members) - set(result.group.members)
+        for fence in result.fences:
+            self.fences[fence.shard] = (fence.member_id, fence.epoch)
+
+    def hb(
+        self,
+        member_id: str,
+        epoch: int,
+        *,
+        owned: Iterable[str] | None = (),
+        revoking: Iterable[str] = (),
+        subscriptions: Iterable[str] | None = None,
+        metadata_version: int | None = None,
+        fence_failed: Iterable[str] = (),
+        client: dict[str, str] | None = None,
+    ) -> HeartbeatResult:
+        request = HeartbeatInput(
+            member_id=member_id,
+            member_epoch=epoch,
+            metadata_version=(
+                self.group.metadata_version if metadata_version is None else metadata_version
+            ),
+            subscriptions=None if subscriptions is None else frozenset(subscriptions),
+            owned=None if owned is None else frozenset(owned),
+            revoking=frozenset(revoking),
+            client=client,
+            fence_failed=frozenset(fence_failed),
+        )
+        result = heartbeat(self.group, self.topology, request, self.now, self.config)
+        self.apply(result)
+        return result
+
+    def join(self, member_id: str, streams: Iterable[str] = ("orders",)) -> HeartbeatResult:
+        return self.hb(member_id, 0, subscriptions=streams, metadata_version=0)
+
+    def steady(self, member_id: str) -> HeartbeatResult:
+        """Heartbeat as an honest member that already dropped what it must revoke."""
+        m = self.member(member_id)
+        return self.hb(member_id, m.epoch, owned=m.assigned)
+
+    def member(self, member_id: str) -> Member:
+        return self.group.members[member_id]
+
+
+def two_members_splitting_four_shards() -> tuple[Harness, frozenset[str]]:
+    """``a`` holds all four shards; ``b`` joined and waits for the two it should get."""
+    h = Harness()
+    h.join("a")
+    h.join("b")
+    r = h.hb("a", 1, owned=h.member("a").assigned)
+    assert len(r.revoke) == 2
+    return h, r.revoke
+
+
+# -- join ---------------------------------------------------------------------
+
+
+def test_first_join_gets_everything_with_fences() -> None:
+    h = Harness()
+    r = h.join("a")
+    assert r.status is OK
+    assert r.member_epoch == 1
+    assert set(r.assigned) == set(h.topology.shards["orders"])
+    assert set(r.assigned.values()) == {1}
+    assert {f.shard for f in r.fences} == set(r.assigned)
+    assert all(f.member_id == "a" and f.epoch == 1 for f in r.fences)
+    assert r.changed_members == {"a"}
+    assert r.header_changed
+    assert h.group.state is GroupState.STABLE
+    assert (h.group.group_epoch, h.group.target_epoch, h.group.metadata_version) == (1, 1, 1)
+    assert h.group.topology_version == {"orders": 1}
+    assert r.renews_lease
+
+
+def test_no_op_heartbeat_writes_nothing() -> None:
+    h = Harness()
+    h.join("a")
+    before = h.group
+    r = h.steady("a")
+    assert r.status is OK
+    assert r.changed_members == frozenset()
+    assert not r.header_changed
+    assert r.fences == ()
+    assert r.is_noop
+    assert r.group is before
+    assert r.heartbeat_interval_ms == h.config.heartbeat_interval_ms
+
+
+def test_client_info_change_writes_the_member_without_a_rebalance() -> None:
+    h = Harness()
+    h.join("a")
+    r = h.hb("a", 1, owned=h.member("a").assigned, client={"host": "x"})
+    assert r.changed_members == {"a"}
+    assert not r.header_changed
+    assert h.member("a").client == {"host": "x"}
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (HeartbeatInput("a", 0, 0, subscriptions=None), "subscriptions"),
+        (HeartbeatInput("a", 0, 0, subscriptions=frozenset()), "subscriptions"),
+        (HeartbeatInput("a", 0, 0, frozenset({"orders"}), owned=frozenset({"x"})), "own"),
+        (HeartbeatInput("a", 0, 0, frozenset({"orders"}), revoking=frozenset({"x"})), "own"),
+        (HeartbeatInput("a", -2, 0), "member_epoch"),
+        (HeartbeatInput("a", 2**31, 0), "member_epoch"),
+        (HeartbeatInput("", 1, 0), "member_id"),
+        (HeartbeatInput("a", 1, -1), "metadata_version"),
+        (HeartbeatInput("a", 0, 0, frozenset({"bad name"})), "stream name"),
+        (HeartbeatInput("a", 0, 0, frozenset({"o"}), rebalance_timeout_ms=0), "rebalance"),
+    ],
+)
+def test_invalid_requests_are_rejected(request_: HeartbeatInput, message: str) -> None:
+    with pytest.raises(InvalidHeartbeat, match=message):
+        heartbeat(Group("g"), orders(2), request_, 0, CoreConfig())
+
+
+def test_rejoin_replaces_a_live_record_and_frees_its_shards() -> None:
+    h = Harness()
+    h.join("a")
+    old_epoch = h.group.group_epoch
+    r = h.join("a")  # e.g. the member was fenced and dropped everything
+    assert r.status is OK
+    assert h.group.group_epoch == old_epoch + 1
+    assert r.member_epoch == h.group.group_epoch
+    # Re-granted under the new epoch, so the fences are rewritten.
+    assert {f.epoch for f in r.fences} == {r.member_epoch}
+    assert len(r.fences) == 4
+
+
+# -- leave --------------------------------------------------------------------
+
+
+def test_leave_frees_shards_at_once() -> None:
+    h, _ = two_members_splitting_four_shards()
+    epoch = h.group.group_epoch
+    r = h.hb("a", -1)
+    assert r.status is OK
+    assert r.member_epoch == -1
+    assert not r.renews_lease
+    assert h.member("a").state is MemberState.EXPIRED
+    assert h.member("a").expired_at_ms == h.now
+    assert h.member("a").held() == frozenset()
+    assert h.group.group_epoch == epoch + 1
+    r = h.steady("b")
+    assert len(r.assigned) == 4
+    assert all(h.fences[s] == ("b", r.member_epoch) for s in r.assigned)
+
+
+def test_unknown_or_repeated_leave_is_a_no_op() -> None:
+    h = Harness()
+    h.join("a")
+    before = h.group
+    r = h.hb("ghost", -1)
+    assert r.status is OK
+    assert r.is_noop
+    assert r.group is before
+    h.hb("a", -1)
+    assert h.group.state is GroupState.EMPTY
+    assert h.hb("a", -1).is_noop
+
+
+def test_last_leave_empties_the_group() -> None:
+    h = Harness()
+    h.join("a")
+    h.hb("a", -1)
+    assert h.group.state is GroupState.EMPTY
+    assert h.group.target_epoch == h.group.group_epoch
+    assert h.member("a").target == frozenset()
+
+
+# -- epochs and fencing ---------------------------------------------------------
+
+
+def test_lost_response_with_previous_epoch_is_accepted() -> None:
+    h, _ = two_members_splitting_four_shards()
+    kept = set(h.member("a").assigned)
+    h.hb("a", 1, owned=kept)  # acknowledges: epoch moves to 2, response lost
+    assert h.member("a").epoch == 2
+    assert h.member("a").previous_epoch == 1
+    r = h.hb("a", 1, owned=kept)  # resent with the old epoch
+    assert r.status is OK
+    assert r.member_epoch == 2
+    assert set(r.assigned) == kept
+
+
+def test_previous_epoch_owning_more_than_assigned_is_fenced() -> None:
+    h, revoked = two_members_splitting_four_shards()
+    kept = set(h.member("a").assigned)
+    h.hb("a", 1, owned=kept)
+    r = h.hb("a", 1, owned=kept | revoked)
+    assert r.status is FENCED
+    assert r.member_epoch == 0
+    assert r.assigned == {}
+    assert not r.renews_lease
+
+
+@pytest.mark.parametrize(("epoch", "status"), [(1, FENCED), (2, OK), (3, OK), (4, FENCED)])
+def test_epoch_check(epoch: int, status: HeartbeatStatus) -> None:
+    h = Harness()
+    h.join("a")
+    a = replace(h.member("a"), epoch=3, previous_epoch=2)
+    h.group = replace(h.group, group_epoch=4, target_epoch=4, members={"a": a})
+    before = h.group
+    r = h.hb("a", epoch, owned=a.assigned)
+    assert r.status is status
+    if status is FENCED:
+        assert r.is_noop
+        assert r.group is before
+
+
+def test_unknown_member_id() -> None:
+    h = Harness()
+    h.join("a")
+    r = h.hb("ghost", 4)
+    assert r.status is UNKNOWN
+    assert not r.renews_lease
+
+
+def test_expired_member_gets_unknown_member() -> None:
+    h = Harness()
+    h.join("a")
+    h.apply(expire_members(h.group, ["a"], h.now))
+    assert h.hb("a", 1, owned=()).status is UNKNOWN
+
+
+def test_fenced_member_gets_fenced_then_rejoins() -> None:
+    h, _ = two_members_splitting_four_shards()
+    h.now += 60_000
+    h.apply(fence_overdue_revocations(h.group, h.now))
+    assert h.member("a").state is MemberState.FENCED
+    assert h.hb("a", 1, owned=()).status is FENCED
+    r = h.join("a")
+    assert r.status is OK
+    assert h.member("a").state.is_live
+
+
+def test_reported_epoch_above_group_epoch_raises_group_epoch() -> None:
+    h = Harness()
+    h.join("a")
+    r = h.hb("ghost", 40)
+    assert r.status is UNKNOWN
+    assert r.header_changed
+    assert h.group.group_epoch == 41
+
+
+# -- revoke before assign, pending, E6/E7/E8 --------------------------------------
+
+
+@pytest.mark.seed("E6")
+def test_shard_is_pending_until_previous_owner_revokes() -> None:
+    h, revoked = two_members_splitting_four_shards()
+    a = h.member("a")
+    assert a.state is MemberState.UNREVOKED
+    assert a.epoch == 1  # frozen
+    assert a.revocation_deadline_ms == h.now + h.config.rebalance_timeout_ms
+    r = h.steady("b")
+    assert r.pending == revoked
+    assert r.assigned == {}
+    assert r.heartbeat_interval_ms == h.config.fast_heartbeat_interval_ms
+    assert r.fences == ()
+    # a still drains: b keeps waiting.
+    kept = set(a.assigned)
+    r = h.hb("a", 1, owned=kept, revoking=revoked)
+    assert r.revoke == revoked
+    assert h.steady("b").pending == revoked
+    # a acknowledges; b gets the shards on its next heartbeat, fenced at its epoch.
+    r = h.hb("a", 1, owned=kept)
+    assert r.member_epoch == 2
+    assert r.revoke == frozenset()
+    r = h.steady("b")
+    assert set(r.assigned) == revoked
+    assert r.pending == frozenset()
+    assert {h.fences[s] for s in revoked} == {("b", 2)}
+    assert h.group.state is GroupState.STABLE
+
+
+@pytest.mark.seed("E7")
+def test_draining_member_is_not_given_the_shard_back_while_it_drains() -> None:
+    h, revoked = two_members_splitting_four_shards()
+    kept = set(h.member("a").assigned)
+    for _ in range(3):
+        h.now += 1_000
+        r = h.hb("a", 1, owned=kept, revoking=revoked)
+        assert r.status is OK
+        assert r.revoke == revoked
+        assert set(r.assigned) == kept
+        assert r.member_epoch == 1
+        assert r.heartbeat_interval_ms == h.config.fast_heartbeat_interval_ms
+
+
+@pytest.mark.seed("E6")
+def test_pending_shard_is_granted_after_holder_expires() -> None:
+    h, revoked = two_members_splitting_four_shards()
+    h.now += h.config.lease_ttl_ms
+    result = expire_members(h.group, ["a"], h.now)
+    h.apply(result)
+    assert result.fences == ()
+    r = h.steady("b")
+    assert set(r.assigned) == set(h.topology.shards["orders"])
+    assert {h.fences[s] for s in revoked} == {("b", r.member_epoch)}
+
+
+@pytest.mark.seed("E8")
+def test_overdue_revocation_is_fenced_and_shard_freed() -> None:
+    h, revoked = two_members_splitting_four_shards()
+    deadline = h.member("a").revocation_deadline_ms
+    assert deadline is not None
+    assert next_deadline_ms(h.group, h.config) == deadline
+    h.now = deadline - 1
+    assert fence_overdue_revocations(h.group, h.now).is_noop
+    h.now = deadline
+    epoch = h.group.group_epoch
+    h.apply(fence_overdue_revocations(h.group, h.now))
+    a = h.member("a")
+    assert a.state is MemberState.FENCED
+    assert a.held() == frozenset()
+    assert a.expired_at_ms == h.now
+    assert h.group.group_epoch == epoch + 1
+    r = h.steady("b")
+    assert set(r.assigned) == set(h.topology.shards["orders"])
+    assert all(h.fences[s] == ("b", r.member_epoch) for s in revoked)
+    assert r.member_epoch > 1  # strictly newer than a's grants: the fence script accepts
+
+
+# -- expiry, EMPTY, stale removal (E5) ----------------------------------------------
+
+
+@pytest.mark.seed("E5")
+def test_all_members_expire_group_becomes_empty_with_cleared_target() -> None:
+    h, _ = two_members_splitting_four_shards()
+    epoch, version = h.group.group_epoch, h.group.metadata_version
+    h.now += h.config.lease_ttl_ms
+    h.apply(expire_members(h.group, ["a", "b", "never-joined"], h.now))
+    assert h.group.state is GroupState.EMPTY
+    assert h.group.group_epoch == epoch + 1
+    assert h.group.metadata_version == version + 1
+    assert h.group.target_epoch == h.group.group_epoch
+    for m in h.group.members.values():
+        assert m.state is MemberState.EXPIRED
+        assert m.target == frozenset()
+        assert m.held() == frozenset()
+    assert h.group.holders() == {}
+    # Idempotent: a second replica running the same timer changes nothing.
+    assert expire_members(h.group, ["a", "b"], h.now).is_noop
+    # Late heartbeats get UNKNOWN_MEMBER while the records are kept.
+    assert h.hb("a", 1, owned=()).status is UNKNOWN
+    # After retention the records are removed.
+    retention = h.config.stale_member_retention_ms
+    assert next_deadline_ms(h.group, h.config) == h.now + retention
+    assert remove_stale_members(h.group, h.now + retention - 1, h.config).is_noop
+    result = remove_stale_members(h.group, h.now + retention, h.config)
+    h.apply(result)
+    assert result.removed_members == {"a", "b"}
+    assert not result.header_changed
+    assert h.group.members == {}
+    assert next_deadline_ms(h.group, h.config) is None
+    # A member joining later starts a fresh assignment.
+    r = h.join("c")
+    assert len(r.assigned) == 4
+
+
+@pytest.mark.seed("E5")
+def test_partial_expiry_rebalances_the_rest() -> None:
+    h = Harness()
+    for mid in "abc":
+        h.join(mid)
+    for mid in "abc":
+        h.steady(mid)
+    h.apply(expire_members(h.group, ["c"], h.now))
+    assert h.group.state is GroupState.ASSIGNING
+    for _ in range(3):
+        for mid in "ab":
+            h.steady(mid)
+    assert h.group.state is GroupState.STABLE
+    assert sorted(len(h.member(m).assigned) for m in "ab") == [2, 2]
+
+
+# -- metadata version correction (E19, E20) -----------------------------------------
+
+
+@pytest.mark.seed("E19")
+@pytest.mark.seed("E20")
+def test_higher_metadata_version_gets_sync_metadata_until_member_catches_up() -> None:
+    h = Harness()
+    h.join("a")
+    recorded = h.member("a")
+    version = h.group.metadata_version
+    # Redis lost writes: the member saw metadata version 9 and epoch 7 before the loss.
+    request_owned = {"orders/0@0", "orders/9@9"}
+    r = h.hb("a", 7, owned=request_owned, metadata_version=9, subscriptions=["audit"])
+    assert r.status is SYNC
+    assert r.member_epoch == recorded.epoch
+    assert r.assigned == recorded.assigned
+    assert r.renews_lease
+    # Epochs issued from now on exceed anything the member saw.
+    assert h.group.group_epoch > 7
+    assert r.header_changed
+    # Nothing from the report reached the metadata.
+    assert h.member("a") == recorded
+    assert h.group.metadata_version == version
+    assert r.changed_members == frozenset()
+    # Asking again is answered the same way and writes nothing more.
+    r = h.hb("a", 7, owned=request_owned, metadata_version=9)
+    assert r.status is SYNC
+    assert r.is_noop
+    # The member adopts the recorded state and heartbeats with the recorded version.
+    r = h.hb("a", recorded.epoch, owned=recorded.assigned, metadata_version=version)
+    assert r.status is OK
+    assert r.member_epoch > 7
+    assert h.group.state is GroupState.STABLE
+
+
+# -- subscriptions, topology, batching ------------------------------------------------
+
+
+def test_subscription_change_bumps_once_and_moves_shards() -> None:
+    top = Topology(
+        shards={"orders": ("orders/0@0", "orders/1@0"), "audit": ("audit/0@0",)},
+        versions={"orders": 1, "audit": 1},
+    )
+    h = Harness(top)
+    h.join("a")
+    epoch, version = h.group.group_epoch, h.group.metadata_version
+    r = h.hb("a", 1, owned=h.member("a").assigned, subscriptions=["orders", "audit"])
+    assert h.group.group_epoch == epoch + 1
+    assert h.group.metadata_version == version + 1
+    assert set(r.assigned) == {"orders/0@0", "orders/1@0", "audit/0@0"}
+    assert h.group.topology_version == {"audit": 1, "orders": 1}
+    r = h.hb("a", r.member_epoch, owned=r.assigned, subscriptions=["audit"])
+    assert r.revoke == {"orders/0@0", "orders/1@0"}
+
+
+def test_heterogeneous_subscriptions_get_only_their_streams() -> None:
+    top = Topology(shards={"orders": ("orders/0@0",), "audit": ("audit/0@0", "audit/1@0")})
+    h = Harness(top)
+    h.join("a", ["orders"])
+    h.join("b", ["audit"])
+    h.steady("a")
+    h.steady("b")
+    assert set(h.member("a").assigned) == {"orders/0@0"}
+    assert set(h.member("b").assigned) == {"audit/0@0", "audit/1@0"}
+
+
+def test_topology_change_bumps_once_and_spreads_new_shards() -> None:
+    h = Harness(orders(2), CoreConfig(assignment_interval_ms=5_000))
+    h.join("a")
+    h.join("b")
+    h.now += 5_000
+    for mid in "ab":
+        h.steady(mid)
+    for mid in "ab":
+        h.steady(mid)
+    assert h.group.state is GroupState.STABLE
+    epoch = h.group.group_epoch
+    h.topology = orders(4, version=2)
+    h.steady("a")  # noticed: bump, but the batching interval defers the target
+    assert h.group.group_epoch == epoch + 1
+    h.steady("b")
+    h.steady("a")
+    assert h.group.group_epoch == epoch + 1  # once, not per heartbeat
+    assert h.group.state is GroupState.ASSIGNING
+    h.now += 5_000
+    h.apply(compute_target_if_due(h.group, h.topology, h.now, h.config))
+    assert h.group.target_epoch == epoch + 1
+    assert h.group.topology_version == {"orders": 2}
+    for mid in "ab":
+        assert len(h.steady(mid).assigned) == 2
+
+
+def test_batched_assignment_defers_target_and_grants() -> None:
+    config = CoreConfig(assignment_interval_ms=1_000)
+    h = Harness(orders(4), config)
+    h.join("a")  # the first target is never deferred
+    assert len(h.member("a").assigned) == 4
+    h.now += 100
+    r = h.join("b")
+    assert h.group.state is GroupState.ASSIGNING
+    assert r.member_epoch == h.group.target_epoch  # reconciled against the last target
+    assert r.assigned == {}
+    assert next_deadline_ms(h.group, config) == h.group.last_assignment_ms + 1_000
+    assert compute_target_if_due(h.group, h.topology, h.now, config).is_noop
+    h.now += 900
+    result = compute_target_if_due(h.group, h.topology, h.now, config)
+    h.apply(result)
+    assert result.fences == ()
+    assert h.group.target_epoch == h.group.group_epoch
+    assert len(h.member("b").target) == 2
+
+
+def test_batching_keeps_reconciling_against_the_last_target() -> None:
+    config = CoreConfig(assignment_interval_ms=1_000)
+    h = Harness(orders(4), config)
+    h.join("a")
+    h.join("b")
+    h.now += 1_000
+    a_grants = dict(h.member("a").assigned)
+    h.steady("a")  # target computed: a must revoke two shards to b
+    assert h.steady("b").pending
+    h.now += 10
+    h.hb("a", -1)  # a leaves instead; the next target waits for its slot
+    assert h.group.state is GroupState.ASSIGNING
+    r = h.steady("b")
+    # b still receives what the last target gave it, at a grant epoch strictly
+    # above a's: a shard reaches a new owner only through a later target.
+    assert len(r.assigned) == 2
+    assert r.pending == frozenset()
+    for shard in r.assigned:
+        owner, epoch = h.fences[shard]
+        assert owner == "b"
+        assert epoch > a_grants[shard]
+    h.now += 1_000
+    r = h.steady("b")
+    assert len(r.assigned) == 4
+    assert h.group.state is GroupState.STABLE
+
+
+def test_fence_repair_regrants_at_current_epoch() -> None:
+    h = Harness(orders(2))
+    h.join("a")
+    h.join("b")
+    h.steady("a")
+    h.steady("b")
+    h.steady("a")
+    a = h.member("a")
+    shard = next(iter(a.assigned))
+    assert a.assigned[shard] < a.epoch
+    r = h.hb("a", a.epoch, owned=a.assigned, fence_failed=[shard, "orders/9@9"])
+    assert [(f.shard, f.member_id, f.epoch) for f in r.fences] == [(shard, "a", a.epoch)]
+    assert r.assigned[shard] == a.epoch
+    r = h.hb("a", a.epoch, owned=a.assigned, fence_failed=[shard])
+    assert r.fences[0].epoch == a.epoch  # rewritten idempotently
+    assert r.changed_members == frozenset()
+
+
+def test_rebalance_timeout_from_request_arms_the_deadline() -> None:
+    h = Harness()
+    r = heartbeat(
+        h.group,
+        h.topology,
+        HeartbeatInput("a", 0, 0, frozenset({"orders"}), rebalance_timeout_ms=5_000),
+        h.now,
+        h.config,
+    )
+    h.apply(r)
+    h.join("b")
+    h.hb("a", 1, owned=h.member("a").assigned)
+    assert h.member("a").revocation_deadline_ms == h.now + 5_000

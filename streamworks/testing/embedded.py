@@ -121,9 +121,12 @@ class EmbeddedRedis:
 
     def kill(self) -> None:
         """SIGKILL the server (its files stay, for :meth:`restart`)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGKILL)
-            self._proc.wait()
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.send_signal(signal.SIGKILL)
+                self._proc.wait()
+            if self._proc.stderr is not None:
+                self._proc.stderr.close()
         self._proc = None
 
     def restart(self, timeout: float = 10.0) -> None:

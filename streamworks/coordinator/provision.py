@@ -43,10 +43,8 @@ async def create_group(
     shards whose key is missing."""
     missing = []
     for shard in shards:
-        if (
-            int(await scripts.group_create(keys=[keyspace.stream(shard)], args=[group, start]))
-            == -2
-        ):
+        created = await scripts.group_create(keys=[keyspace.stream(shard)], args=[group, start])
+        if int(created) == -2:
             missing.append(shard)
     return missing
 

@@ -109,11 +109,13 @@ class EmbeddedRedis:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode() if self._proc.stderr else ""
                 raise RuntimeError(f"{self.binary} exited at start: {err.strip()}")
-            with contextlib.suppress(OSError):
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        return
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s,
+            ):
+                s.sendall(b"PING\r\n")
+                if s.recv(64).startswith(b"+PONG"):
+                    return
             if time.monotonic() > deadline:
                 self.stop()
                 raise TimeoutError(f"{self.binary} did not answer on port {self.port}")

@@ -249,9 +249,11 @@ class TestRuntime:
     async def _work_left(self) -> list[str]:
         left: list[str] = []
         for worker in self.workers:
-            for reader in worker.readers.values():
-                if reader.outstanding:
-                    left.append(f"{reader.shard_name}: {reader.outstanding} in flight")
+            left.extend(
+                f"{reader.shard_name}: {reader.outstanding} in flight"
+                for reader in worker.readers.values()
+                if reader.outstanding
+            )
         for spec in self.app.streams.values():
             if spec.name not in self.app.handlers:
                 continue

@@ -23,7 +23,9 @@ def load(path: Path) -> ModuleType:
 
 
 @pytest.mark.parametrize("path", [p for p in EXAMPLES if p.stem != "testing"], ids=lambda p: p.stem)
-async def test_example_runs(path: Path, streamworks_redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_example_runs(
+    path: Path, streamworks_redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("STREAMWORKS_TEST_REDIS_URL", streamworks_redis_url)
     await load(path).main()
 

@@ -49,35 +49,37 @@ async def test_ack_delete_with_two_groups_keeps_the_slow_groups_entries_and_exac
     fast = group_app("fast", fast_seen, delete_on_ack=True)
     slow = group_app("slow", slow_seen, delete_on_ack=True)
     common = {"redis_url": streamworks_redis_url, "settings": settings, "key_prefix": prefix}
-    async with TestRuntime(slow, workers=0, attach=False, **common) as slow_rt:
-        async with TestRuntime(fast, workers=1, **common) as fast_rt:
-            for n in range(200):
-                await fast.publish("orders", {"n": n}, key=str(n))
-            await wait_for(lambda: len(fast_seen) == 200, message="the fast group")
-            fast_worker = fast_rt.workers[0]
-            await wait_for(
-                lambda: all(not r.acked_since_trim for r in fast_worker.readers.values()),
-                message="a trim pass after the acks",
-            )
-            # The slow group has read nothing: no entry may be gone, lag stays exact.
-            assert await total_length(fast_rt) == 200
-            lag = await lags(fast_rt)
-            assert lag["fast"] == [0, 0]
-            assert sum(lag["slow"]) == 200 and None not in lag["slow"]
-            await slow_rt.add_worker()
-            await wait_for(lambda: len(slow_seen) == 200, message="the slow group")
-            await wait_for(
-                lambda: _is_empty(fast_rt),
-                message="entries trimmed once both groups acked them",
-            )
-            assert await lags(fast_rt) == {"fast": [0, 0], "slow": [0, 0]}
-            # More traffic after the trims: lag is still computed exactly.
-            await slow_rt.stop_worker(0)
-            for n in range(200, 230):
-                await fast.publish("orders", {"n": n}, key=str(n))
-            await wait_for(lambda: len(fast_seen) == 230, message="the fast group again")
-            lag = await lags(fast_rt)
-            assert sum(lag["slow"]) == 30 and lag["fast"] == [0, 0]
+    async with (
+        TestRuntime(slow, workers=0, attach=False, **common) as slow_rt,
+        TestRuntime(fast, workers=1, **common) as fast_rt,
+    ):
+        for n in range(200):
+            await fast.publish("orders", {"n": n}, key=str(n))
+        await wait_for(lambda: len(fast_seen) == 200, message="the fast group")
+        fast_worker = fast_rt.workers[0]
+        await wait_for(
+            lambda: all(not r.acked_since_trim for r in fast_worker.readers.values()),
+            message="a trim pass after the acks",
+        )
+        # The slow group has read nothing: no entry may be gone, lag stays exact.
+        assert await total_length(fast_rt) == 200
+        lag = await lags(fast_rt)
+        assert lag["fast"] == [0, 0]
+        assert sum(lag["slow"]) == 200 and None not in lag["slow"]
+        await slow_rt.add_worker()
+        await wait_for(lambda: len(slow_seen) == 200, message="the slow group")
+        await wait_for(
+            lambda: _is_empty(fast_rt),
+            message="entries trimmed once both groups acked them",
+        )
+        assert await lags(fast_rt) == {"fast": [0, 0], "slow": [0, 0]}
+        # More traffic after the trims: lag is still computed exactly.
+        await slow_rt.stop_worker(0)
+        for n in range(200, 230):
+            await fast.publish("orders", {"n": n}, key=str(n))
+        await wait_for(lambda: len(fast_seen) == 230, message="the fast group again")
+        lag = await lags(fast_rt)
+        assert sum(lag["slow"]) == 30 and lag["fast"] == [0, 0]
     assert sorted(slow_seen) == list(range(200))
     assert sorted(fast_seen) == list(range(230))
 
@@ -92,7 +94,9 @@ async def test_retention_trims_only_old_entries_every_group_acked(
     settings = Settings(worker=WorkerSettings(trim_interval=0.02))
     seen: list[int] = []
     app = group_app("g", seen, retention=3600)
-    async with TestRuntime(app, workers=1, redis_url=streamworks_redis_url, settings=settings) as rt:
+    async with TestRuntime(
+        app, workers=1, redis_url=streamworks_redis_url, settings=settings
+    ) as rt:
         key = rt.keyspace.stream(ShardId("orders", 0))
         # An entry two hours old (explicit id) and a fresh one.
         await rt.redis.execute_command(

@@ -190,7 +190,9 @@ async def test_at_least_once_a_crash_after_the_handler_before_the_ack_redelivers
         assert len(effects) == 2 and effects[0] == effects[1]  # processed twice, not lost
 
 
-async def test_a_stopped_reader_reports_why(streamworks_runtime: Callable[..., TestRuntime]) -> None:
+async def test_a_stopped_reader_reports_why(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
     app, _ = one_shard_app()
     async with streamworks_runtime(app, workers=1) as rt:
         [worker] = rt.workers

@@ -55,7 +55,10 @@ async def test_publish_many_keeps_order_and_routes_like_publish(
         by_shard: dict[str, list[str]] = {}
         for p in many:
             by_shard.setdefault(p.shard, []).append(p.entry_id)
-        assert all(ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-")))) for ids in by_shard.values())
+        assert all(
+            ids == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+            for ids in by_shard.values()
+        )
 
 
 class SwitchingRouting:
@@ -167,7 +170,7 @@ async def test_publish_sync_from_synchronous_code(streamworks_redis_url: str) ->
 
 async def test_publishing_without_a_connection_says_how_to_connect() -> None:
     app = orders_app()
-    with pytest.raises(NotConnectedError, match="app.connect"):
+    with pytest.raises(NotConnectedError, match=r"app\.connect"):
         await app.publish("orders", {"n": 1})
 
 

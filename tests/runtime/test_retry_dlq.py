@@ -82,7 +82,9 @@ async def test_exhausted_messages_are_dead_lettered_with_their_origin(
 
     async with streamworks_runtime(app) as rt:
         published = [
-            await app.publish("orders", Order(id=str(i), amount=-1 if i % 10 == 0 else i), key=str(i))
+            await app.publish(
+                "orders", Order(id=str(i), amount=-1 if i % 10 == 0 else i), key=str(i)
+            )
             for i in range(50)
         ]
         await rt.wait_idle()

@@ -102,7 +102,7 @@ def _next(
         if shard in keep:
             continue
         if holders.get(shard, member.member_id) == member.member_id:
-            assigned[shard] = member.epoch
+            assigned[shard] = target_epoch
         else:
             unreleased = True
     return _result(

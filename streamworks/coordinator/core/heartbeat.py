@@ -181,7 +181,7 @@ def heartbeat(
         bumped = True
     else:
         current = edit.member(request.member_id)
-        if current is None:
+        if current is None or current.state is MemberState.EXPIRED:
             return _refusal(edit, HeartbeatStatus.UNKNOWN_MEMBER, config)
         if current.state is MemberState.FENCED:
             return _refusal(edit, HeartbeatStatus.FENCED, config)

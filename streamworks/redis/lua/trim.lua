@@ -11,7 +11,12 @@
 --
 -- Returns  number of entries trimmed; -1 when the stream has no groups (nothing is
 --          trimmed: nobody has proven delivery); -2 when the stream does not exist
+local function full(id) -- "ms" is shorthand for "ms-0", as XTRIM accepts it
+  if not string.find(id, '-', 1, true) then return id .. '-0' end
+  return id
+end
 local function cmp(a, b) -- exact compare of "ms-seq" ids, no float math
+  a, b = full(a), full(b)
   local am, as = string.match(a, '^(%d+)-(%d+)$')
   local bm, bs = string.match(b, '^(%d+)-(%d+)$')
   if #am ~= #bm then return (#am < #bm) and -1 or 1 end

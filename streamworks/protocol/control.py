@@ -1,0 +1,188 @@
+"""Typed messages of the coordinator's HTTP API (v1), shared by server and clients.
+
+Field names are camelCase on the wire (as in the protocol document) and snake_case
+in Python. Every request model bounds its sizes, so a hostile body gets a clear
+``INVALID_REQUEST`` instead of exhausting the coordinator.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+__all__ = (
+    "ApiError",
+    "ErrorCode",
+    "GroupInfo",
+    "HeartbeatRequest",
+    "HeartbeatResponse",
+    "HeartbeatStatus",
+    "MemberInfo",
+    "ReinitializeRequest",
+    "RoutingResponse",
+    "RoutingShard",
+    "ShardGrant",
+    "ShardInfo",
+    "StatusResponse",
+    "StreamCreateRequest",
+    "StreamInfo",
+    "StreamScaleRequest",
+)
+
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
+ShardIdText = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}/\d{1,6}@\d{1,9}$")]
+MemberId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+ShortText = Annotated[str, StringConstraints(max_length=200)]
+
+#: Upper bounds on list sizes in requests (hostile-body protection).
+MAX_SHARDS_PER_MEMBER = 65_536
+MAX_SUBSCRIPTIONS = 1_024
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class ErrorCode(StrEnum):
+    INVALID_REQUEST = "INVALID_REQUEST"
+    UNAUTHORIZED = "UNAUTHORIZED"
+    NOT_FOUND = "NOT_FOUND"
+    CONFLICT = "CONFLICT"
+    COORDINATOR_TERMINATING = "COORDINATOR_TERMINATING"
+    METADATA_UNAVAILABLE = "METADATA_UNAVAILABLE"
+    MIGRATION_IN_PROGRESS = "MIGRATION_IN_PROGRESS"
+    INTERNAL = "INTERNAL"
+
+
+class ApiError(_Model):
+    """Every error answer: ``{"error": CODE, "message": ..., "retryable": ...}``."""
+
+    error: ErrorCode
+    message: str
+    retryable: bool
+
+
+class HeartbeatStatus(StrEnum):
+    OK = "OK"
+    SYNC_METADATA = "SYNC_METADATA"
+    FENCED = "FENCED"
+    UNKNOWN_MEMBER = "UNKNOWN_MEMBER"
+
+
+class HeartbeatRequest(_Model):
+    """A member's heartbeat (PROTOCOL §4)."""
+
+    member_id: MemberId
+    member_epoch: int = Field(ge=-1, le=2**53)
+    metadata_version: int = Field(0, ge=0, le=2**53)
+    subscriptions: list[Name] | None = Field(None, max_length=MAX_SUBSCRIPTIONS)
+    owned_shards: list[ShardIdText] | None = Field(None, max_length=MAX_SHARDS_PER_MEMBER)
+    revoking_shards: list[ShardIdText] = Field(
+        default_factory=list, max_length=MAX_SHARDS_PER_MEMBER
+    )
+    fenced_shards: list[ShardIdText] = Field(
+        default_factory=list, max_length=MAX_SHARDS_PER_MEMBER
+    )
+    rebalance_timeout_ms: int | None = Field(None, ge=1_000, le=3_600_000)
+    client: dict[ShortText, ShortText] | None = Field(None, max_length=16)
+
+
+class ShardGrant(_Model):
+    """A shard the member may read now, under the fence token ``<epoch>:<member id>``."""
+
+    shard: ShardIdText
+    epoch: int
+
+
+class HeartbeatResponse(_Model):
+    status: HeartbeatStatus
+    member_id: str
+    member_epoch: int
+    group_epoch: int
+    metadata_version: int
+    assigned: list[ShardGrant] = Field(default_factory=list)
+    pending: list[str] = Field(default_factory=list)
+    revoke: list[str] = Field(default_factory=list)
+    heartbeat_interval_ms: int
+    lease_ttl_ms: int
+    key_prefix: str
+
+
+class RoutingShard(_Model):
+    shard: str
+    key: str
+
+
+class RoutingResponse(_Model):
+    """Producer routing for one stream (PROTOCOL §5)."""
+
+    stream: str
+    routing_version: int
+    protocol: str
+    shard_count: int
+    shards: list[RoutingShard]
+    lease_ms: int
+
+
+class StreamCreateRequest(_Model):
+    name: Name
+    shards: int = Field(ge=0, le=4096)
+
+
+class StreamScaleRequest(_Model):
+    shards: int = Field(ge=0, le=4096)
+
+
+class ShardInfo(_Model):
+    shard: str
+    state: Literal["ACTIVE", "DRAINING", "RETIRED"]
+
+
+class StreamInfo(_Model):
+    name: str
+    shard_count: int
+    routing_version: int
+    protocol: str
+    shards: list[ShardInfo]
+    migration: dict[str, object] | None = None
+    created: bool = False
+
+
+class MemberInfo(_Model):
+    member_id: str
+    epoch: int
+    state: str
+    assigned: list[str]
+    pending_revocation: list[str]
+    target: list[str]
+    lease_expires_in_ms: int | None = None
+    client: dict[str, str] = Field(default_factory=dict)
+
+
+class GroupInfo(_Model):
+    group: str
+    state: str
+    group_epoch: int
+    target_epoch: int
+    metadata_version: int
+    subscriptions: list[str]
+    members: list[MemberInfo]
+
+
+class StatusResponse(_Model):
+    streams: list[StreamInfo]
+    groups: list[GroupInfo]
+
+
+class ReinitializeRequest(_Model):
+    """Operator recovery after metadata loss (E21): re-create one entity's metadata."""
+
+    kind: Literal["stream", "group"]
+    name: Name
+    shards: int | None = Field(None, ge=0, le=4096)
+    confirm: Literal[True]

@@ -52,7 +52,7 @@ def target_due(edit: GroupEdit, now_ms: int, config: CoreConfig) -> bool:
     elapsed = now_ms - edit.last_assignment_ms
     # A clock that went backwards (failover to a replica with another clock) must not
     # postpone assignment until it catches up.
-    return True
+    return elapsed >= config.assignment_interval_ms or elapsed < 0
 
 
 def compute_target(edit: GroupEdit, topology: Topology, now_ms: int) -> None:

@@ -24,8 +24,6 @@ async def create_shards(
 ) -> int:
     """Create each shard key with a consumer group per name in ``groups`` (atomically
     per shard; existing shards are left alone). Returns how many were created."""
-    if not groups:
-        raise ValueError("a shard is created with at least one consumer group")
     created = 0
     for shard in shards:
         created += int(await scripts.shard_create(keys=[keyspace.stream(shard)], args=list(groups)))

@@ -33,7 +33,9 @@ __all__ = (
 )
 
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
-ShardIdText = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}/\d{1,6}@\d{1,9}$")]
+ShardIdText = Annotated[
+    str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}/\d{1,6}@\d{1,9}$")
+]
 MemberId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 ShortText = Annotated[str, StringConstraints(max_length=200)]
 
@@ -85,9 +87,7 @@ class HeartbeatRequest(_Model):
     revoking_shards: list[ShardIdText] = Field(
         default_factory=list, max_length=MAX_SHARDS_PER_MEMBER
     )
-    fenced_shards: list[ShardIdText] = Field(
-        default_factory=list, max_length=MAX_SHARDS_PER_MEMBER
-    )
+    fenced_shards: list[ShardIdText] = Field(default_factory=list, max_length=MAX_SHARDS_PER_MEMBER)
     rebalance_timeout_ms: int | None = Field(None, ge=1_000, le=3_600_000)
     client: dict[ShortText, ShortText] | None = Field(None, max_length=16)
 

@@ -21,12 +21,16 @@ __all__ = ("SCRIPT_NAMES", "Scripts", "load_script")
 SCRIPT_NAMES = (
     "claim",
     "fence",
+    "group_commit",
     "group_create",
+    "lease_renew",
+    "mutex_release",
     "prune_consumers",
     "publish_dedup",
     "read",
     "retire",
     "shard_create",
+    "stream_commit",
     "trim",
 )
 
@@ -42,12 +46,16 @@ class Scripts:
 
     claim: AsyncScript
     fence: AsyncScript
+    group_commit: AsyncScript
     group_create: AsyncScript
+    lease_renew: AsyncScript
+    mutex_release: AsyncScript
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
     read: AsyncScript
     retire: AsyncScript
     shard_create: AsyncScript
+    stream_commit: AsyncScript
     trim: AsyncScript
 
     def __init__(self, client: Any) -> None:

@@ -7,11 +7,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
+from streamworks.clock import Clock
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from streamworks.runtime.producer import Producer
-from streamworks.runtime.routing import RoutingSource, StaticRoutingSource
+from streamworks.runtime.routing import RoutingSource
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -22,7 +25,8 @@ __all__ = ("Connection", "create_producer", "open_connection")
 
 @dataclass(slots=True)
 class Connection:
-    """What publishing (and a worker) needs: Redis, its scripts, keys and routing."""
+    """What publishing (and a worker) needs: Redis, its scripts, keys, routing and the
+    coordinator transport (HTTP client or in-process)."""
 
     settings: Settings
     redis: Any
@@ -30,6 +34,7 @@ class Connection:
     keyspace: Keyspace
     routing: RoutingSource
     producer: Producer
+    coordinator: Any
 
 
 def create_producer(
@@ -54,26 +59,52 @@ async def open_connection(
     settings: Settings,
     *,
     redis: Any = None,
+    coordinator: Any = None,
     routing: RoutingSource | None = None,
+    ensure_streams: bool = True,
+    clock: Clock | None = None,
 ) -> AsyncIterator[Connection]:
     """Open (and finally close) a connection for ``app``.
 
     Args:
         redis: an existing client to use (not closed here); else one is created.
-        routing: where routing comes from; by default the app's declared layout
-            (:class:`StaticRoutingSource`).
+        coordinator: the coordinator transport; an HTTP client for
+            ``settings.coordinator_urls`` by default.
+        routing: where routing comes from; the coordinator's leased routing by default
+            (refreshed in the background while the connection is open).
+        ensure_streams: create the app's declared streams that do not exist yet
+            (a declaration never rescales an existing stream).
     """
+    from streamworks.coordinator.client import CoordinatorClient
+    from streamworks.coordinator.routing import LeasedRouting
+
     keyspace = Keyspace(settings.key_prefix)
     own_redis = redis is None
     client = create_redis(settings) if own_redis else redis
+    own_coordinator = coordinator is None
+    if coordinator is None:
+        coordinator = CoordinatorClient(
+            settings.coordinator_urls,
+            token=settings.token.get_secret_value() if settings.token else None,
+            admin_token=settings.admin_token.get_secret_value() if settings.admin_token else None,
+        )
     try:
         scripts = Scripts(client)
+        leased: LeasedRouting | None = None
         if routing is None:
-            routing = StaticRoutingSource(
-                keyspace, {s.name: s.shards for s in app.streams.values()}
-            )
+            routing = leased = LeasedRouting(coordinator, clock=clock)
+        if ensure_streams:
+            for spec in app.streams.values():
+                await coordinator.ensure_stream(spec.name, spec.shards)
         producer = create_producer(app, settings, client, scripts, routing)
-        yield Connection(settings, client, scripts, keyspace, routing, producer)
+        connection = Connection(settings, client, scripts, keyspace, routing, producer, coordinator)
+        async with anyio.create_task_group() as tg:
+            if leased is not None:
+                tg.start_soon(leased.run)
+            yield connection
+            tg.cancel_scope.cancel()
     finally:
+        if own_coordinator:
+            await coordinator.aclose()
         if own_redis:
             await client.aclose()

@@ -8,7 +8,8 @@ before the coordinator can hand its shards to someone else.
 from __future__ import annotations
 
 import asyncio
-import time
+
+from streamworks.clock import Clock
 
 __all__ = ("Lease",)
 
@@ -16,7 +17,8 @@ __all__ = ("Lease",)
 class Lease:
     """A deadline on the monotonic clock, renewed by the assignment source."""
 
-    def __init__(self, deadline: float = 0.0) -> None:
+    def __init__(self, deadline: float = 0.0, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
         self._deadline = deadline
         self._renewed = asyncio.Event()
         self._changed = asyncio.Event()
@@ -28,10 +30,14 @@ class Lease:
         return self._deadline
 
     def valid(self) -> bool:
-        return time.monotonic() < self._deadline
+        return self.clock.monotonic() < self._deadline
+
+    def remaining(self) -> float:
+        """Seconds until the deadline (negative once passed)."""
+        return self._deadline - self.clock.monotonic()
 
     def renew(self, deadline: float) -> None:
-        """Extend (or shorten) the lease to ``deadline`` (``time.monotonic()`` based)."""
+        """Extend (or shorten) the lease to ``deadline`` (on :attr:`clock`)."""
         self._deadline = deadline
         self.renewals += 1
         self._changed.set()

@@ -22,6 +22,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from redis.exceptions import RedisError
 
+from streamworks.clock import Clock
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
@@ -64,6 +65,7 @@ class Worker:
         *,
         settings: Settings | None = None,
         member_id: str | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.app = app
         self.group = app.name
@@ -73,7 +75,8 @@ class Worker:
         self.keyspace = Keyspace(self.settings.key_prefix)
         self.assignment = assignment
         self.member_id = member_id or uuid.uuid4().hex
-        self.lease = Lease()
+        self.clock = clock or Clock()
+        self.lease = Lease(clock=self.clock)
         self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)
         store: IdempotencyStore = app.idempotency_store or RedisIdempotencyStore(
             redis,
@@ -240,7 +243,7 @@ class Worker:
         lease = self.lease
         grace = self.settings.worker.lease_grace
         while True:
-            delay = lease.deadline - time.monotonic()
+            delay = lease.remaining()
             if delay > 0:
                 with anyio.move_on_after(delay):
                     await lease.wait_changed()

@@ -45,6 +45,7 @@ from streamworks.coordinator.core import (
     remove_stale_members,
     stream_of,
 )
+from streamworks.coordinator.core.changes import GroupEdit
 from streamworks.exceptions import ConfigurationError
 
 MEMBER_IDS = ("m0", "m1", "m2", "m3", "m4")
@@ -378,6 +379,18 @@ class GroupMachine(RuleBasedStateMachine):
                 seen[shard] = mid
 
     @invariant()
+    def shards_a_live_member_still_reads_stay_its_own(self) -> None:  # E6, clients' view
+        # Until a member reports a shard revoked (or expires, or is fenced), the
+        # coordinator keeps it as that member's: nobody else can be granted it.
+        holders = self.group.holders()
+        for mid, client in self.clients.items():
+            record = self.group.members.get(mid)
+            if not client.alive or record is None or not record.is_live:
+                continue
+            for shard in client.owned | set(client.revoking):
+                assert holders.get(shard) == mid, f"{mid} still reads {shard}"
+
+    @invariant()
     def live_holdings_match_their_fences(self) -> None:
         for mid, member in self.group.live_members().items():
             for shard, epoch in member.assigned.items():
@@ -636,3 +649,21 @@ def test_inconsistent_topology_is_rejected(shards: dict[str, tuple[str, ...]]) -
 def test_invalid_config_is_rejected(kwargs: dict[str, int]) -> None:
     with pytest.raises(ConfigurationError):
         CoreConfig(**kwargs)
+
+
+def test_group_edit_reports_only_real_changes() -> None:
+    m = Member.from_dict(_member_doc())
+    group = Group("g", 1, 1, members={"m": m})
+    edit = GroupEdit(group)
+    edit.put(replace(m))  # rewritten but equal
+    edit.put(replace(m, epoch=1))
+    edit.put(m)  # and back
+    edit.remove("ghost")
+    assert edit.finish() == (group, frozenset(), frozenset(), False)
+    edit.put(replace(m, member_id="n"))
+    edit.remove("m")
+    new, changed, removed, header_changed = edit.finish()
+    assert set(new.members) == {"n"}
+    assert changed == {"m", "n"}
+    assert removed == {"m"}
+    assert not header_changed

@@ -473,6 +473,17 @@ def test_higher_metadata_version_gets_sync_metadata_until_member_catches_up() ->
     assert h.group.state is GroupState.STABLE
 
 
+@pytest.mark.seed("E19")
+def test_sync_metadata_raises_group_epoch_above_reported_epoch_equal_to_it() -> None:
+    h = Harness()
+    h.join("a")
+    reported = h.group.group_epoch  # equal, not above: only the correction round raises it
+    r = h.hb("a", reported, owned=(), metadata_version=h.group.metadata_version + 1)
+    assert r.status is SYNC
+    assert h.group.group_epoch == reported + 1
+    assert h.group.state is GroupState.ASSIGNING
+
+
 # -- subscriptions, topology, batching ------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from streamworks.coordinator.core.timers import (
     expire_members,
     fence_overdue_revocations,
     next_deadline_ms,
+    raise_epoch_floor,
     remove_stale_members,
 )
 
@@ -55,6 +56,7 @@ __all__ = (
     "fence_overdue_revocations",
     "heartbeat",
     "next_deadline_ms",
+    "raise_epoch_floor",
     "reconcile_member",
     "remove_stale_members",
     "stream_of",

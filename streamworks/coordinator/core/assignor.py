@@ -158,7 +158,7 @@ def _previous_in_order(
 ) -> list[str]:
     """Previous shards still in the pool and not claimed yet, in pool order."""
     kept = [shard for shard in previous if shard in position and shard not in taken]
-    pass
+    kept.sort(key=position.__getitem__)
     return kept
 
 

@@ -20,6 +20,7 @@ __all__ = (
     "expire_members",
     "fence_overdue_revocations",
     "next_deadline_ms",
+    "raise_epoch_floor",
     "remove_stale_members",
 )
 
@@ -98,6 +99,21 @@ def compute_target_if_due(
     note_topology_change(edit, topology)
     if target_due(edit, now_ms, config) and any(m.is_live for m in group.members.values()):
         compute_target(edit, topology, now_ms)
+    return edit.timer_result()
+
+
+def raise_epoch_floor(group: Group, epoch: int) -> TimerResult:
+    """Make the group epoch exceed an epoch found in Redis that the metadata cannot explain.
+
+    When the owner-fence script refuses a grant because the shard's fence carries an
+    epoch at or above the grant's, that fence was written from metadata Redis has
+    since lost (failover, restore). Raising the group epoch above it makes the next
+    target, and so the members' epochs and the fence repairs that follow, newer than
+    anything issued before the loss (E19, E20). The fence is Redis state, not a
+    member report. No-op when the group epoch is already above ``epoch``.
+    """
+    edit = GroupEdit(group)
+    edit.raise_group_epoch_above(epoch)
     return edit.timer_result()
 
 

@@ -1,0 +1,177 @@
+"""The coordinator's HTTP API (v1): a thin ASGI shell over :class:`CoordinatorService`.
+
+Errors are always ``{"error": CODE, "message": ..., "retryable": ...}`` (PROTOCOL §7).
+Requests need ``Authorization: Bearer <token>`` when a token is configured, and the
+admin token for topology changes; tokens are compared in constant time and never
+logged or echoed. ``/livez``, ``/readyz`` and ``/metrics`` need no token.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import ORJSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.control import (
+    ApiError,
+    ErrorCode,
+    GroupInfo,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ReinitializeRequest,
+    RoutingResponse,
+    StatusResponse,
+    StreamCreateRequest,
+    StreamInfo,
+    StreamScaleRequest,
+)
+from streamworks.protocol.shards import NAME_PATTERN
+
+if TYPE_CHECKING:
+    from streamworks.coordinator.service import CoordinatorService
+
+__all__ = ("create_api",)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ApiError} for status in (400, 401, 404, 409, 422, 503)
+}
+
+
+def _error(code: ErrorCode | str, message: str, status: int, retryable: bool) -> ORJSONResponse:
+    return ORJSONResponse(
+        {"error": str(code), "message": message, "retryable": retryable}, status_code=status
+    )
+
+
+def create_api(service: CoordinatorService) -> FastAPI:
+    """Build the ASGI app for one coordinator replica."""
+    settings = service.settings
+    token = settings.token.get_secret_value() if settings.token else None
+    admin_token = settings.admin_token.get_secret_value() if settings.admin_token else token
+    api = FastAPI(
+        title="streamworks coordinator",
+        version="1",
+        default_response_class=ORJSONResponse,
+        docs_url=None,
+        redoc_url=None,
+    )
+
+    def _check(request: Request, expected: str | None) -> None:
+        if expected is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+            presented.encode(), expected.encode()
+        ):
+            raise CoordinatorError("UNAUTHORIZED", "missing or wrong bearer token", status=401)
+
+    def member_auth(request: Request) -> None:
+        _check(request, token)
+
+    def admin_auth(request: Request) -> None:
+        _check(request, admin_token)
+
+    Member = Annotated[None, Depends(member_auth)]
+    Admin = Annotated[None, Depends(admin_auth)]
+
+    def _name(kind: str, value: str) -> str:
+        if not NAME_PATTERN.match(value):
+            raise CoordinatorError(
+                "INVALID_REQUEST", f"invalid {kind} name {value[:100]!r}", status=400
+            )
+        return value
+
+    @api.exception_handler(CoordinatorError)
+    async def coordinator_error(_: Request, exc: CoordinatorError) -> ORJSONResponse:
+        return _error(exc.code, exc.message, exc.status or 500, exc.retryable)
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}"
+            for e in exc.errors()[:5]
+        )
+        return _error(ErrorCode.INVALID_REQUEST, problems[:1000], 422, False)
+
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> ORJSONResponse:
+        code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
+        return _error(code, str(exc.detail), exc.status_code, False)
+
+    @api.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> ORJSONResponse:
+        service.log_unexpected(exc)
+        return _error(ErrorCode.INTERNAL, "internal error (see the coordinator's log)", 500, True)
+
+    # -- members and producers ---------------------------------------------------------
+    @api.post("/v1/groups/{group}/heartbeat", response_model=HeartbeatResponse, responses=_ERRORS)
+    async def heartbeat(group: str, body: HeartbeatRequest, _: Member) -> HeartbeatResponse:
+        return await service.heartbeat(_name("group", group), body)
+
+    @api.get("/v1/streams/{stream}/routing", response_model=RoutingResponse, responses=_ERRORS)
+    async def routing(stream: str, _: Member) -> RoutingResponse:
+        return await service.routing(_name("stream", stream))
+
+    @api.post("/v1/streams/ensure", response_model=StreamInfo, responses=_ERRORS)
+    async def ensure_stream(body: StreamCreateRequest, _: Member) -> StreamInfo:
+        return await service.ensure_stream(body.name, body.shards)
+
+    # -- topology ------------------------------------------------------------------------
+    @api.post("/v1/streams", response_model=StreamInfo, responses=_ERRORS)
+    async def create_stream(body: StreamCreateRequest, _: Admin) -> StreamInfo:
+        return await service.create_stream(body.name, body.shards)
+
+    @api.post("/v1/streams/{stream}/scale", response_model=StreamInfo, responses=_ERRORS)
+    async def scale_stream(stream: str, body: StreamScaleRequest, _: Admin) -> StreamInfo:
+        return await service.scale_stream(_name("stream", stream), body.shards)
+
+    @api.post("/v1/admin/reinitialize", response_model=StatusResponse, responses=_ERRORS)
+    async def reinitialize(body: ReinitializeRequest, _: Admin) -> StatusResponse:
+        return await service.reinitialize(body)
+
+    # -- reading -------------------------------------------------------------------------
+    @api.get("/v1/streams", response_model=list[StreamInfo], responses=_ERRORS)
+    async def list_streams(_: Member) -> list[StreamInfo]:
+        return (await service.status()).streams
+
+    @api.get("/v1/streams/{stream}", response_model=StreamInfo, responses=_ERRORS)
+    async def show_stream(stream: str, _: Member) -> StreamInfo:
+        return await service.stream_info(_name("stream", stream))
+
+    @api.get("/v1/groups", response_model=list[GroupInfo], responses=_ERRORS)
+    async def list_groups(_: Member) -> list[GroupInfo]:
+        return (await service.status()).groups
+
+    @api.get("/v1/groups/{group}", response_model=GroupInfo, responses=_ERRORS)
+    async def show_group(group: str, _: Member) -> GroupInfo:
+        return await service.group_info(_name("group", group))
+
+    @api.get("/v1/status", response_model=StatusResponse, responses=_ERRORS)
+    async def status(_: Member) -> StatusResponse:
+        return await service.status()
+
+    # -- health ----------------------------------------------------------------------------
+    @api.get("/livez", response_class=PlainTextResponse)
+    async def livez() -> str:
+        return "ok"
+
+    @api.get("/readyz", response_class=PlainTextResponse, responses={503: {"model": ApiError}})
+    async def readyz() -> Response:
+        if service.terminating:
+            return _error(ErrorCode.COORDINATOR_TERMINATING, "terminating", 503, True)
+        if not await service.redis_ok():
+            return _error(ErrorCode.METADATA_UNAVAILABLE, "Redis does not answer", 503, True)
+        return PlainTextResponse("ok")
+
+    @api.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> Response:
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return api

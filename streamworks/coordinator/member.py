@@ -1,0 +1,167 @@
+"""The worker's side of membership: the heartbeat loop (an assignment source).
+
+Each heartbeat reports what the member reads (``ownedShards``), what it still drains
+(``revokingShards``) and where its fenced reads were refused (``fencedShards``), and
+applies the answer:
+
+* ``assigned`` — shards it may read now; their owner fences are already written;
+* ``revoke`` — DRAIN: stop reading, finish and ack in-flight work, report drained.
+  A revoking shard is never read again on that grant, whatever happens to later
+  heartbeats (E7);
+* ``FENCED`` / ``UNKNOWN_MEMBER`` — drop every shard (in-flight work finishes, nothing
+  is acked twice) and rejoin at once with epoch 0 and the same member id.
+
+The local lease (E1): after a successful heartbeat sent at ``t`` the member may read
+until ``t + leaseTtl - margin`` (monotonic clock, margin = one heartbeat interval),
+so it stops before the coordinator can expire it and move its shards. When the
+coordinator cannot be reached, the member keeps retrying; when the lease runs out it
+stops reading (the worker's lease watchdog), and reads again only on a new answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio.abc import TaskStatus
+
+from streamworks.coordinator.client import CoordinatorClient
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
+from streamworks.protocol.shards import ShardId
+from streamworks.settings import Settings
+
+if TYPE_CHECKING:
+    from streamworks.runtime.worker import Worker
+
+__all__ = ("CoordinatorAssignment",)
+
+log = logging.getLogger("streamworks.member")
+
+
+class CoordinatorAssignment:
+    """Assignment source driven by heartbeats to the coordinator."""
+
+    def __init__(self, client: CoordinatorClient, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+        self.epoch = 0
+        self.metadata_version = 0
+        self.status: HeartbeatStatus | None = None
+        self.heartbeats = 0
+        self.failures = 0
+        self.last_response: HeartbeatResponse | None = None
+        self._interval = settings.heartbeat_interval
+        self._full = True  # next request carries subscriptions and owned shards in full
+
+    def _request(self, worker: Worker, epoch: int) -> HeartbeatRequest:
+        joining = epoch == 0
+        return HeartbeatRequest(
+            member_id=worker.member_id,
+            member_epoch=epoch,
+            metadata_version=self.metadata_version,
+            subscriptions=sorted(worker.subscriptions) if joining or self._full else None,
+            owned_shards=[] if joining else sorted(str(s) for s in worker.owned_shards()),
+            revoking_shards=[] if joining else sorted(str(s) for s in worker.revoking_shards()),
+            fenced_shards=[] if joining else sorted(str(s) for s in worker.fenced),
+            rebalance_timeout_ms=int(self.settings.rebalance_timeout * 1000),
+            client={
+                "host": socket.gethostname()[:200],
+                "pid": str(os.getpid()),
+                "version": "streamworks",
+            }
+            if joining
+            else None,
+        )
+
+    async def run(
+        self, worker: Worker, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()  # the worker runs at once; shards come with the answers
+        group = worker.group
+        backoff = 0.05
+        while True:
+            sent = worker.clock.monotonic()
+            try:
+                response = await self.client.heartbeat(group, self._request(worker, self.epoch))
+            except CoordinatorError as e:
+                self.failures += 1
+                level = (
+                    logging.WARNING
+                    if self.failures in (1, 10) or self.failures % 60 == 0
+                    else logging.DEBUG
+                )
+                log.log(level, "heartbeat failed (%s): %s", e.code, e.message)
+                if not e.retryable and e.code not in ("COORDINATOR_UNAVAILABLE",):
+                    # E21: fail closed; keep asking, an operator has to act.
+                    backoff = min(backoff * 2, self._interval)
+                await anyio.sleep(min(backoff, self._interval))
+                backoff = min(backoff * 2, self._interval)
+                continue
+            backoff = 0.05
+            self.failures = 0
+            self.heartbeats += 1
+            self.last_response = response
+            self._apply(worker, response, sent)
+            if self.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+                continue  # rejoin at once
+            with anyio.move_on_after(self._interval):
+                if self.status is HeartbeatStatus.SYNC_METADATA:
+                    continue
+                await worker.wait_changed()  # a drain finished: report it promptly
+
+    def _apply(self, worker: Worker, response: HeartbeatResponse, sent: float) -> None:
+        self.status = response.status
+        self._interval = response.heartbeat_interval_ms / 1000
+        if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+            log.warning(
+                "member %s %s: dropping all shards and rejoining",
+                worker.member_id[:8],
+                response.status,
+            )
+            worker.lease.expire()
+            worker.drop_shards()
+            self.epoch = 0
+            self._full = True
+            return
+        if response.key_prefix != worker.keyspace.prefix:
+            log.error(
+                "coordinator uses key prefix %r but this worker %r: not reading anything",
+                response.key_prefix,
+                worker.keyspace.prefix,
+            )
+            return
+        self.epoch = response.member_epoch
+        self.metadata_version = response.metadata_version
+        self._full = response.status is HeartbeatStatus.SYNC_METADATA
+        ttl = response.lease_ttl_ms / 1000
+        margin = max(self._interval, self.settings.heartbeat_interval)
+        worker.lease.renew(sent + ttl - margin)
+        grants = {
+            ShardId.parse(g.shard): f"{g.epoch}:{worker.member_id}" for g in response.assigned
+        }
+        revoke = {ShardId.parse(s) for s in response.revoke}
+        worker.start_drain(revoke)
+        # Shards we read that the coordinator neither grants nor revokes are no longer
+        # ours (e.g. they moved while our lease had expired): stop at once.
+        lost = [
+            s
+            for s in worker.owned_shards()
+            if s not in grants and s not in revoke and s not in worker.revoking
+        ]
+        if lost:
+            worker.drop_shards(lost)
+        worker.apply_assignment(grants)
+
+    async def leave(self, worker: Worker) -> None:
+        """Send epoch -1 so the shards move at once (graceful shutdown)."""
+        if self.epoch <= 0:
+            return
+        try:
+            await self.client.heartbeat(worker.group, self._request(worker, -1))
+            log.info("member %s left group %s", worker.member_id[:8], worker.group)
+        except CoordinatorError as e:
+            log.warning("leave failed (%s); the lease will expire instead", e)

@@ -1,0 +1,599 @@
+"""One coordinator replica: the write discipline around the pure core.
+
+Every mutation is a *critical section* (PROTOCOL §3): the local gate (refused with
+``COORDINATOR_TERMINATING`` once this replica terminates, E4), the Redis mutex, a
+load of the metadata and its ``storeRevision``, the core's pure decision, a
+compare-and-set commit, and the mutex release. Steps past the gate are shielded from
+cancellation, so a terminating replica finishes what it started. A lost CAS reloads
+and retries, bounded; then ``CONFLICT`` (retryable).
+
+A heartbeat that changes nothing takes a shorter road: the core decides on the
+cached group, and ``lease_renew.lua`` renews the lease in one round trip only if the
+cached revisions are still current — otherwise the full critical section runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+import anyio
+from redis.exceptions import RedisError
+
+from streamworks.clock import Clock
+from streamworks.coordinator import provision
+from streamworks.coordinator.core import (
+    CoreConfig,
+    Group,
+    HeartbeatInput,
+    HeartbeatResult,
+    InvalidHeartbeat,
+    Member,
+    heartbeat,
+)
+from streamworks.coordinator.core.changes import TimerResult
+from streamworks.coordinator.core.model import Topology
+from streamworks.coordinator.core.recovery import fence_after_regression
+from streamworks.coordinator.core.streams import StreamMeta, new_stream, topology_of
+from streamworks.coordinator.core.tick import tick
+from streamworks.coordinator.metrics import CoordinatorMetrics
+from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store, Terminating
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.control import (
+    GroupInfo,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    HeartbeatStatus,
+    MemberInfo,
+    ReinitializeRequest,
+    RoutingResponse,
+    RoutingShard,
+    ShardGrant,
+    ShardInfo,
+    StatusResponse,
+    StreamInfo,
+)
+from streamworks.protocol.shards import ShardId
+from streamworks.redis.keyspace import Keyspace
+from streamworks.settings import Settings
+
+__all__ = ("CoordinatorService", "core_config")
+
+log = logging.getLogger("streamworks.coordinator")
+
+
+def core_config(settings: Settings) -> CoreConfig:
+    """The core's timing knobs from settings (seconds -> ms)."""
+    interval = int(settings.heartbeat_interval * 1000)
+    return CoreConfig(
+        lease_ttl_ms=int(settings.lease_ttl * 1000),
+        rebalance_timeout_ms=int(settings.rebalance_timeout * 1000),
+        heartbeat_interval_ms=interval,
+        fast_heartbeat_interval_ms=max(20, min(200, interval // 5)),
+        stale_member_retention_ms=max(1, int(settings.stale_member_retention * 1000)),
+        assignment_interval_ms=int(settings.coordinator.assignment_interval * 1000),
+    )
+
+
+class CoordinatorService:
+    """The coordinator's operations, shared by the HTTP API, the event loop and the
+    in-process transport of ``TestRuntime``."""
+
+    def __init__(
+        self,
+        redis: Any,
+        settings: Settings,
+        *,
+        replica: str = "replica",
+        clock: Clock | None = None,
+    ) -> None:
+        self.clock = clock or Clock()
+        self.settings = settings
+        self.replica = replica
+        self.keyspace = Keyspace(settings.key_prefix)
+        self.store = Store(
+            redis,
+            self.keyspace,
+            mutex_ttl=settings.coordinator.mutex_ttl,
+            mutex_wait=settings.coordinator.mutex_wait,
+            clock=self.clock,
+        )
+        self.redis = redis
+        self.config = core_config(settings)
+        self.metrics = CoordinatorMetrics()
+        self.terminating = False
+        self._inflight = 0
+        self._drained = anyio.Event()
+        # Last Redis time seen and the monotonic time it was seen at: the fast path's
+        # estimate of Redis time.
+        self._clock: tuple[int, float] = (0, 0.0)
+
+    # -- the write discipline -----------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def critical(self, mutex_key: str) -> AsyncIterator[None]:
+        """A critical section on ``mutex_key``: gate, mutex, shielded body, release."""
+        if self.terminating:
+            raise Terminating()
+        self._inflight += 1
+        try:
+            with anyio.CancelScope(shield=True):
+                async with self.store.mutex(mutex_key):
+                    yield
+        finally:
+            self._inflight -= 1
+            if self.terminating and self._inflight == 0:
+                self._drained.set()
+
+    async def terminate(self, timeout: float = 10.0) -> None:
+        """Enter terminating mode (E4) and wait for in-flight critical sections."""
+        self.terminating = True
+        if self._inflight == 0:
+            return
+        with anyio.move_on_after(timeout):
+            await self._drained.wait()
+
+    async def redis_ok(self) -> bool:
+        try:
+            return bool(await self.redis.ping())
+        except Exception:
+            return False
+
+    def log_unexpected(self, exc: BaseException) -> None:
+        log.error("unexpected error: %r", exc, exc_info=exc)
+
+    # -- heartbeats ---------------------------------------------------------------------
+    async def heartbeat(self, group_id: str, body: HeartbeatRequest) -> HeartbeatResponse:
+        started = time.perf_counter()
+        request = HeartbeatInput(
+            member_id=body.member_id,
+            member_epoch=body.member_epoch,
+            metadata_version=body.metadata_version,
+            subscriptions=frozenset(body.subscriptions) if body.subscriptions is not None else None,
+            owned=frozenset(body.owned_shards) if body.owned_shards is not None else None,
+            revoking=frozenset(body.revoking_shards),
+            rebalance_timeout_ms=body.rebalance_timeout_ms,
+            client=body.client,
+            fence_failed=frozenset(body.fenced_shards),
+        )
+        try:
+            response = await self._fast_heartbeat(group_id, request)
+            path = "fast"
+            if response is None:
+                path = "full"
+                response = await self._full_heartbeat(group_id, request)
+        except InvalidHeartbeat as e:
+            raise CoordinatorError("INVALID_REQUEST", str(e), status=400) from e
+        except MetadataUnavailable:
+            self.metrics.unavailable.inc()
+            raise
+        self.metrics.heartbeats.labels(path, response.status.value).inc()
+        self.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
+        return response
+
+    async def _fast_heartbeat(
+        self, group_id: str, request: HeartbeatInput
+    ) -> HeartbeatResponse | None:
+        if request.member_epoch <= 0 or self.terminating:
+            return None
+        cached = self.store.cached_group(group_id)
+        if cached is None:
+            return None
+        rev, group = cached
+        member = group.members.get(request.member_id)
+        if member is None or not member.is_live:
+            return None
+        streams = self._streams_of(group, request)
+        metas: dict[str, StreamMeta] = {}
+        stream_revs: dict[str, int] = {}
+        for name in streams:
+            entry = self.store.cached_stream(name)
+            if entry is None:
+                return None
+            stream_revs[name], metas[name] = entry
+        # Decide on the cached state with an estimate of Redis time; only a decision
+        # that changes nothing is used, and only if the revisions are still current.
+        result = heartbeat(group, topology_of(metas), request, self._estimated_now(), self.config)
+        if not result.is_noop or result.status.value != HeartbeatStatus.OK.value:
+            return None
+        renewed, now_ms = await self.store.renew_lease(
+            group_id, request.member_id, self.config.lease_ttl_ms, rev, stream_revs
+        )
+        self._clock = (now_ms - self.clock.offset_ms, time.monotonic())
+        if not renewed:
+            return None
+        return self._response(result, request.member_id)
+
+    def _estimated_now(self) -> int:
+        redis_ms, at = self._clock  # Redis time without the test offset
+        if not redis_ms:
+            redis_ms, at = int(time.time() * 1000), time.monotonic()
+        return redis_ms + int((time.monotonic() - at) * 1000) + self.clock.offset_ms
+
+    @staticmethod
+    def _streams_of(group: Group, request: HeartbeatInput) -> set[str]:
+        streams: set[str] = set(request.subscriptions or ())
+        for member in group.members.values():
+            if member.is_live:
+                streams |= member.subscriptions
+        return streams
+
+    async def _full_heartbeat(self, group_id: str, request: HeartbeatInput) -> HeartbeatResponse:
+        async with self.critical(self.keyspace.group_mutex(group_id)):
+            for _ in range(self.settings.coordinator.cas_retries):
+                loaded = await self.store.load_group(group_id)
+                self._clock = (loaded.now_ms - self.clock.offset_ms, time.monotonic())
+                group = loaded.group
+                if group is None:
+                    if request.member_epoch != 0:
+                        group = Group(group_id)  # unknown group: the core answers UNKNOWN_MEMBER
+                    else:
+                        group = await self._new_group(group_id, request.subscriptions or ())
+                names = self._streams_of(group, request)
+                loaded_streams = await self.store.load_streams(names)
+                metas = {n: m for n, (_, m) in loaded_streams.items() if m is not None}
+                await self._ensure_subscriptions(group_id, metas)
+                result = heartbeat(group, topology_of(metas), request, loaded.now_ms, self.config)
+                if result.is_noop and loaded.rev:
+                    if not result.renews_lease:
+                        return self._response(result, request.member_id)
+                    revs = {n: r for n, (r, _) in loaded_streams.items()}
+                    renewed, _ = await self.store.renew_lease(
+                        group_id, request.member_id, self.config.lease_ttl_ms, loaded.rev, revs
+                    )
+                    if renewed:
+                        return self._response(result, request.member_id)
+                    # The lease entry ran out before the loop expired the member: the
+                    # member is still live in the metadata, so renewing is what a
+                    # heartbeat in time would have done; it takes a commit.
+                elif result.is_noop and not result.renews_lease:
+                    return self._response(result, request.member_id)
+                new_rev = await self.store.commit_group(
+                    loaded.rev,
+                    result.group,
+                    now_ms=loaded.now_ms,
+                    header_changed=result.header_changed,
+                    changed=result.changed_members,
+                    removed=result.removed_members,
+                    renew=[request.member_id] if result.renews_lease else [],
+                    lease_ttl_ms=self.config.lease_ttl_ms,
+                )
+                if new_rev is None:
+                    self.metrics.conflicts.inc()
+                    continue
+                if result.group.target_epoch != group.target_epoch:
+                    self.metrics.rebalances.labels(group_id).inc()
+                self._observe(result.group)
+                refused = await self.store.write_fences(group_id, result.fences)
+                if refused:
+                    return await self._after_refused_fence(
+                        group_id, new_rev, result.group, request, refused
+                    )
+                return self._response(result, request.member_id)
+        raise Conflict(f"group {group_id!r}: lost the compare-and-set repeatedly; retry")
+
+    async def _after_refused_fence(
+        self,
+        group_id: str,
+        rev: int,
+        group: Group,
+        request: HeartbeatInput,
+        refused: list[tuple[Any, str]],
+    ) -> HeartbeatResponse:
+        """A fence holds a newer epoch than this grant: Redis lost group writes (E19).
+        Fence the member and raise the group epoch above the fence; the member rejoins
+        and receives grants with epochs no fence has seen."""
+        highest = max(int(current.split(":", 1)[0] or 0) for _, current in refused)
+        log.warning(
+            "group %s: owner fence(s) newer than the recorded epochs (highest %d): metadata "
+            "lost writes; fencing member %s and raising the group epoch",
+            group_id,
+            highest,
+            request.member_id,
+        )
+        now = await self.store.now_ms()
+        step = fence_after_regression(group, request.member_id, highest, now)
+        await self.store.commit_group(
+            rev,
+            step.group,
+            now_ms=now,
+            header_changed=step.header_changed,
+            changed=step.changed_members,
+            removed=step.removed_members,
+            lease_ttl_ms=self.config.lease_ttl_ms,
+        )
+        return HeartbeatResponse(
+            status=HeartbeatStatus.FENCED,
+            member_id=request.member_id,
+            member_epoch=0,
+            group_epoch=step.group.group_epoch,
+            metadata_version=step.group.metadata_version,
+            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+            lease_ttl_ms=self.config.lease_ttl_ms,
+            key_prefix=self.keyspace.prefix,
+        )
+
+    async def _new_group(self, group_id: str, subscriptions: Iterable[str]) -> Group:
+        """A group joining for the first time. If Redis shows it existed (its consumer
+        group is registered on a stream it subscribes to) while its metadata and
+        registry entry are gone: fail closed (E21)."""
+        for stream in subscriptions:
+            if group_id in await self.store.subscribed_groups(stream):
+                raise MetadataUnavailable(
+                    f"group {group_id!r} has consumer groups on stream {stream!r} but no "
+                    "metadata: it existed and its metadata was lost; an operator must "
+                    "re-initialise it (streamworks admin reinit group)"
+                )
+        return Group(group_id)
+
+    async def _ensure_subscriptions(self, group_id: str, metas: Mapping[str, StreamMeta]) -> None:
+        """Before any shard of a stream is granted to a group, the group's Redis
+        consumer group exists on every assignable shard of it (PROTOCOL §4)."""
+        for name, meta in metas.items():
+            if group_id in await self.store.subscribed_groups(name):
+                continue
+            shards = [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
+            missing = await provision.create_group(
+                self.store.scripts, self.keyspace, shards, group_id, "earliest"
+            )
+            if missing:
+                log.error("stream %s: shard keys missing for %s", name, [str(s) for s in missing])
+            await self.store.record_subscription(name, group_id)
+            log.info("group %s subscribed to %s: consumer groups created", group_id, name)
+
+    def _response(self, result: HeartbeatResult, member_id: str) -> HeartbeatResponse:
+        return HeartbeatResponse(
+            status=HeartbeatStatus(result.status.value),
+            member_id=member_id,
+            member_epoch=result.member_epoch,
+            group_epoch=result.group.group_epoch,
+            metadata_version=result.group.metadata_version,
+            assigned=[ShardGrant(shard=s, epoch=e) for s, e in sorted(result.assigned.items())],
+            pending=sorted(result.pending),
+            revoke=sorted(result.revoke),
+            heartbeat_interval_ms=result.heartbeat_interval_ms,
+            lease_ttl_ms=result.lease_ttl_ms,
+            key_prefix=self.keyspace.prefix,
+        )
+
+    def _observe(self, group: Group) -> None:
+        self.metrics.group_epoch.labels(group.group_id).set(group.group_epoch)
+        self.metrics.members.labels(group.group_id).set(len(group.live_members()))
+
+    # -- the event loop -----------------------------------------------------------------
+    async def tick_group(self, group_id: str) -> bool:
+        """Run the due timer steps of one group (expiry, revocation deadlines, stale
+        records, batched targets). Decides on a plain read first and takes the mutex
+        only when something is due. Returns whether anything was committed."""
+        loaded = await self.store.load_group(group_id)
+        if loaded.group is None:
+            return False
+        if self._due(
+            loaded.group,
+            await self.store.expired_members(group_id, loaded.now_ms),
+            await self._topology(loaded.group),
+            loaded.now_ms,
+        ).is_noop:
+            return False
+        async with self.critical(self.keyspace.group_mutex(group_id)):
+            for _ in range(self.settings.coordinator.cas_retries):
+                loaded = await self.store.load_group(group_id)
+                if loaded.group is None:
+                    return False
+                expired = await self.store.expired_members(group_id, loaded.now_ms)
+                result = self._due(
+                    loaded.group, expired, await self._topology(loaded.group), loaded.now_ms
+                )
+                if result.is_noop:
+                    return False
+                newly_expired = [
+                    m
+                    for m in expired
+                    if m in loaded.group.members and loaded.group.members[m].is_live
+                ]
+                rev = await self.store.commit_group(
+                    loaded.rev,
+                    result.group,
+                    now_ms=loaded.now_ms,
+                    header_changed=result.header_changed,
+                    changed=result.changed_members,
+                    removed=result.removed_members,
+                    expect_expired=newly_expired,
+                    lease_ttl_ms=self.config.lease_ttl_ms,
+                )
+                if rev is None:
+                    self.metrics.conflicts.inc()
+                    continue
+                for member_id in newly_expired:
+                    log.info("group %s: member %s expired (lease)", group_id, member_id)
+                    self.metrics.expirations.labels(group_id, "lease").inc()
+                if result.group.target_epoch != loaded.group.target_epoch:
+                    self.metrics.rebalances.labels(group_id).inc()
+                self._observe(result.group)
+                return True
+        raise Conflict(f"group {group_id!r}: lost the compare-and-set repeatedly")
+
+    def _due(
+        self, group: Group, expired: list[str], topology: Topology, now_ms: int
+    ) -> TimerResult:
+        return tick(group, expired, topology, now_ms, self.config)
+
+    async def _topology(self, group: Group) -> Topology:
+        names = _subscriptions(group.members.values())
+        loaded = await self.store.load_streams(names)
+        return topology_of({n: m for n, (_, m) in loaded.items() if m is not None})
+
+    async def run_loop(self) -> None:
+        """The event loop of this replica (every replica runs it; the write discipline
+        makes concurrent runs safe). Runs until cancelled or terminating."""
+        interval = self.settings.coordinator.loop_interval
+        while not self.terminating:
+            try:
+                for group_id in await self.store.registered_groups():
+                    if self.terminating:
+                        break
+                    try:
+                        await self.tick_group(group_id)
+                    except (MetadataUnavailable, Conflict) as e:
+                        log.warning("loop: group %s: %s", group_id, e.message)
+                await self.tick_streams()
+            except CoordinatorError as e:
+                if isinstance(e, Terminating):
+                    break
+                log.warning("loop: %s", e)
+            except (OSError, RedisError) as e:
+                log.warning("loop: Redis unavailable: %s", e)
+            await anyio.sleep(interval)
+
+    async def tick_streams(self) -> None:
+        """Advance stream migrations (resharding); nothing to do without one."""
+        return None
+
+    # -- streams ------------------------------------------------------------------------
+    async def ensure_stream(self, name: str, shards: int) -> StreamInfo:
+        """Create ``name`` with ``shards`` shards unless it exists (never rescales)."""
+        _, meta = await self.store.load_stream(name)
+        if meta is not None:
+            if meta.shard_count != shards and meta.migration is None:
+                log.warning(
+                    "stream %s has %d shards; a declaration asked for %d (use `streams scale`)",
+                    name,
+                    meta.shard_count,
+                    shards,
+                )
+            return self._stream_info(meta)
+        return await self.create_stream(name, shards, exist_ok=True)
+
+    async def create_stream(self, name: str, shards: int, *, exist_ok: bool = False) -> StreamInfo:
+        async with self.critical(self.keyspace.stream_mutex(name)):
+            rev, meta = await self.store.load_stream(name)
+            if meta is not None:
+                if exist_ok or meta.shard_count == shards:
+                    return self._stream_info(meta)
+                raise CoordinatorError(
+                    "CONFLICT",
+                    f"stream {name!r} exists with {meta.shard_count} shards; "
+                    "use `streams scale` to change it",
+                    status=409,
+                )
+            leftovers = await self.store.existing_shard_keys(name)
+            if leftovers:
+                raise MetadataUnavailable(
+                    f"stream {name!r} has shard keys in Redis ({len(leftovers)}) but no "
+                    "metadata: it existed and its metadata was lost; an operator must "
+                    "re-initialise it (streamworks admin reinit stream)"
+                )
+            now = await self.store.now_ms()
+            meta = new_stream(name, shards, now)
+            groups = sorted(await self.store.subscribed_groups(name))
+            ids = [ShardId.parse(s) for s in meta.shard_ids()]
+            await provision.create_shards(self.store.scripts, self.keyspace, ids, groups)
+            if await self.store.commit_stream(rev, meta) is None:
+                raise Conflict(f"stream {name!r} was created concurrently; retry")
+            log.info("created stream %s with %d shards", name, shards)
+            return self._stream_info(meta, created=True)
+
+    async def scale_stream(self, name: str, shards: int) -> StreamInfo:
+        raise CoordinatorError(
+            "NOT_IMPLEMENTED", "live resharding is not available in this version", status=501
+        )
+
+    async def routing(self, stream: str) -> RoutingResponse:
+        _, meta = await self.store.load_stream(stream)
+        if meta is None:
+            raise CoordinatorError("NOT_FOUND", f"stream {stream!r} does not exist", status=404)
+        routable = meta.routable()
+        return RoutingResponse(
+            stream=stream,
+            routing_version=meta.routing_version,
+            protocol=meta.protocol,
+            shard_count=len(routable),
+            shards=[
+                RoutingShard(
+                    shard=s.shard_id(stream),
+                    key=self.keyspace.stream(ShardId(stream, s.index, s.incarnation)),
+                )
+                for s in routable
+            ],
+            lease_ms=int(self.settings.routing_lease * 1000),
+        )
+
+    def _stream_info(self, meta: StreamMeta, *, created: bool = False) -> StreamInfo:
+        return StreamInfo(
+            name=meta.name,
+            shard_count=meta.shard_count,
+            routing_version=meta.routing_version,
+            protocol=meta.protocol,
+            shards=[
+                ShardInfo(shard=s.shard_id(meta.name), state=s.state.value) for s in meta.shards
+            ],
+            migration=dict(meta.migration) if meta.migration is not None else None,
+            created=created,
+        )
+
+    async def stream_info(self, name: str) -> StreamInfo:
+        _, meta = await self.store.load_stream(name)
+        if meta is None:
+            raise CoordinatorError("NOT_FOUND", f"stream {name!r} does not exist", status=404)
+        return self._stream_info(meta)
+
+    # -- groups and status --------------------------------------------------------------
+    async def group_info(self, group_id: str) -> GroupInfo:
+        loaded = await self.store.load_group(group_id)
+        if loaded.group is None:
+            raise CoordinatorError("NOT_FOUND", f"group {group_id!r} does not exist", status=404)
+        leases = await self.store.lease_expiries(group_id)
+        return _group_info(loaded.group, leases, loaded.now_ms)
+
+    async def status(self) -> StatusResponse:
+        streams = []
+        for name in await self.store.registered_streams():
+            try:
+                streams.append(await self.stream_info(name))
+            except MetadataUnavailable as e:
+                log.warning("status: %s", e)
+        groups = []
+        for name in await self.store.registered_groups():
+            try:
+                groups.append(await self.group_info(name))
+            except (MetadataUnavailable, CoordinatorError) as e:
+                log.warning("status: %s", e)
+        return StatusResponse(streams=streams, groups=groups)
+
+    async def reinitialize(self, request: ReinitializeRequest) -> StatusResponse:
+        raise CoordinatorError("NOT_IMPLEMENTED", "see issue", status=501)
+
+
+def _group_info(group: Group, leases: Mapping[str, int], now_ms: int) -> GroupInfo:
+    return GroupInfo(
+        group=group.group_id,
+        state=group.state.value,
+        group_epoch=group.group_epoch,
+        target_epoch=group.target_epoch,
+        metadata_version=group.metadata_version,
+        subscriptions=sorted(_subscriptions(group.members.values())),
+        members=[_member_info(m, leases.get(m.member_id), now_ms) for m in group.members.values()],
+    )
+
+
+def _subscriptions(members: Iterable[Member]) -> set[str]:
+    out: set[str] = set()
+    for member in members:
+        if member.is_live:
+            out |= member.subscriptions
+    return out
+
+
+def _member_info(member: Member, lease: int | None, now_ms: int) -> MemberInfo:
+    return MemberInfo(
+        member_id=member.member_id,
+        epoch=member.epoch,
+        state=member.state.value,
+        assigned=sorted(member.assigned),
+        pending_revocation=sorted(member.pending_revocation),
+        target=sorted(member.target),
+        lease_expires_in_ms=lease - now_ms if lease is not None else None,
+        client=dict(member.client),
+    )

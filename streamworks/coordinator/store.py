@@ -1,0 +1,365 @@
+"""The coordinator's state in Redis, and the write discipline around it.
+
+Everything here is a thin shell over Redis; decisions are the core's. Layout
+(PROTOCOL §2), all under the namespace's one control-plane hash tag:
+
+* ``group:<g>`` — a hash: ``rev`` (storeRevision), ``header`` (JSON), and one field
+  per member ``m:<id>`` (JSON), so a heartbeat that changes one member writes one
+  field; ``group:<g>:mutex``; ``group:<g>:leases`` (member -> expiry ms, Redis time);
+* ``stream:<s>`` — a hash: ``rev`` and ``doc`` (JSON); ``stream:<s>:mutex``;
+* ``registry:*`` — every stream and group ever created, and which groups have a
+  Redis consumer group on a stream's shards (tells "new" from "lost", E21).
+
+A replica caches what it loaded *by revision*: a cached group at revision R is
+exactly what Redis held at R, so comparing revisions (one ``HGET``, or inside
+``lease_renew.lua``) is enough to use it. Redis stays the only source of truth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import orjson
+
+from streamworks.clock import Clock
+from streamworks.coordinator.core import FenceWrite, Group, Member
+from streamworks.coordinator.core.streams import StreamMeta
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.shards import ShardId
+from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import Scripts
+
+__all__ = (
+    "Conflict",
+    "MetadataUnavailable",
+    "MutexTimeout",
+    "Store",
+    "Terminating",
+)
+
+log = logging.getLogger("streamworks.coordinator.store")
+
+
+class MetadataUnavailable(CoordinatorError):
+    """Metadata of an entity that existed is missing or undecodable (E21): fail closed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("METADATA_UNAVAILABLE", message, retryable=False, status=503)
+
+
+class Conflict(CoordinatorError):
+    """The compare-and-set kept losing; the request may be retried."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("CONFLICT", message, retryable=True, status=409)
+
+
+class MutexTimeout(Conflict):
+    """The mutex stayed taken for the whole bounded wait."""
+
+
+class Terminating(CoordinatorError):
+    """This replica is shutting down (E4)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "COORDINATOR_TERMINATING",
+            "this coordinator replica is terminating; retry on another",
+            retryable=True,
+            status=503,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A group as loaded: the group (None when it does not exist yet) and its rev."""
+
+    group: Group | None
+    rev: int
+    now_ms: int
+
+
+class Store:
+    """Reads and writes the control plane in Redis."""
+
+    def __init__(
+        self,
+        redis: Any,
+        keyspace: Keyspace,
+        *,
+        mutex_ttl: float = 5.0,
+        mutex_wait: float = 2.0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.clock = clock or Clock()
+        self.redis = redis
+        self.keyspace = keyspace
+        self.scripts = Scripts(redis)
+        self._mutex_ms = int(mutex_ttl * 1000)
+        self._mutex_wait = mutex_wait
+        self._groups: dict[str, tuple[int, Group]] = {}
+        self._streams: dict[str, tuple[int, StreamMeta]] = {}
+
+    # -- time and mutexes ------------------------------------------------------------
+    async def now_ms(self) -> int:
+        """Redis server time in ms: every deadline uses the same clock (PROTOCOL §1.5)."""
+        seconds, micros = await self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000 + self.clock.offset_ms
+
+    @contextlib.asynccontextmanager
+    async def mutex(self, key: str) -> AsyncIterator[None]:
+        """Hold ``key`` (``SET NX PX``) for the block; bounded wait with backoff.
+
+        Raises:
+            MutexTimeout: still taken after ``mutex_wait`` seconds.
+        """
+        token = secrets.token_hex(8)
+        deadline = time.monotonic() + self._mutex_wait
+        delay = 0.001
+        while not await self.redis.set(key, token, nx=True, px=self._mutex_ms):
+            if time.monotonic() > deadline:
+                raise MutexTimeout(f"{key} stayed locked for {self._mutex_wait}s")
+            await anyio.sleep(delay)  # backoff against a lock held in another process
+            delay = min(delay * 2, 0.05)
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):
+                released = await self.scripts.mutex_release(keys=[key], args=[token])
+                if not released:
+                    log.warning("mutex %s expired while held (its CAS still protected it)", key)
+
+    # -- groups ----------------------------------------------------------------------
+    def cached_group(self, group_id: str) -> tuple[int, Group] | None:
+        return self._groups.get(group_id)
+
+    async def load_group(self, group_id: str) -> Loaded:
+        """Load a group (from the cache when its revision did not move).
+
+        Raises:
+            MetadataUnavailable: the group is registered but its metadata is missing
+                or undecodable (E21).
+        """
+        key = self.keyspace.group_meta(group_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(key, "rev")
+        pipe.time()
+        raw_rev, (seconds, micros) = await pipe.execute()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000 + self.clock.offset_ms
+        rev = int(raw_rev or 0)
+        if rev == 0:
+            if await self.redis.sismember(self.keyspace.registry_groups(), group_id):
+                raise MetadataUnavailable(
+                    f"group {group_id!r} is registered but its metadata is missing; "
+                    "an operator must re-initialise it (streamworks admin reinit group)"
+                )
+            return Loaded(None, 0, now_ms)
+        cached = self._groups.get(group_id)
+        if cached is not None and cached[0] == rev:
+            return Loaded(cached[1], rev, now_ms)
+        fields = await self.redis.hgetall(key)
+        try:
+            rev = int(fields[b"rev"])
+            header = orjson.loads(fields[b"header"])
+            members = [
+                Member.from_dict(orjson.loads(value))
+                for name, value in fields.items()
+                if name.startswith(b"m:")
+            ]
+            group = Group.from_header(header, members)
+        except (KeyError, ValueError, orjson.JSONDecodeError) as e:
+            raise MetadataUnavailable(f"group {group_id!r} metadata is corrupt: {e}") from e
+        self._groups[group_id] = (rev, group)
+        return Loaded(group, rev, now_ms)
+
+    async def commit_group(
+        self,
+        rev: int,
+        group: Group,
+        *,
+        header_changed: bool,
+        changed: Iterable[str],
+        removed: Iterable[str],
+        now_ms: int,
+        renew: Sequence[str] = (),
+        expect_expired: Sequence[str] = (),
+        lease_ttl_ms: int,
+    ) -> int | None:
+        """Write what changed if the group is still at ``rev``; returns the new rev, or
+        None when another writer committed first (or a member expected expired renewed).
+        Members that are no longer live lose their lease entry in the same script."""
+        removed = list(removed)
+        upserts: list[Any] = []
+        unlease: list[str] = []
+        for member_id in changed:
+            member = group.members.get(member_id)
+            if member is not None:
+                upserts += (member_id, orjson.dumps(member.to_dict()))
+                if not member.is_live:
+                    unlease.append(member_id)
+        header = orjson.dumps(group.to_header()) if header_changed or rev == 0 else b""
+        args: list[Any] = [rev, group.group_id, header, lease_ttl_ms, now_ms]
+        args += [len(upserts) // 2, *upserts]
+        args += [len(removed), *removed, len(renew), *renew, len(unlease), *unlease]
+        args += [len(expect_expired), *expect_expired]
+        key = self.keyspace.group_meta(group.group_id)
+        reply = await self.scripts.group_commit(
+            keys=[key, self.keyspace.registry_groups(), self.keyspace.group_leases(group.group_id)],
+            args=args,
+        )
+        if reply[0] != 1:
+            self._groups.pop(group.group_id, None)
+            return None
+        new_rev = int(reply[1])
+        self._groups[group.group_id] = (new_rev, group)
+        return new_rev
+
+    async def renew_lease(
+        self,
+        group_id: str,
+        member_id: str,
+        ttl_ms: int,
+        group_rev: int,
+        stream_revs: Mapping[str, int],
+    ) -> tuple[bool, int]:
+        """The no-change heartbeat (``lease_renew.lua``): ``(renewed, redis now ms)``."""
+        names = sorted(stream_revs)
+        reply = await self.scripts.lease_renew(
+            keys=[
+                self.keyspace.group_meta(group_id),
+                self.keyspace.group_leases(group_id),
+                *[self.keyspace.stream_meta(n) for n in names],
+            ],
+            args=[
+                member_id,
+                ttl_ms,
+                group_rev,
+                self.clock.offset_ms,
+                *[stream_revs[n] for n in names],
+            ],
+        )
+        return reply[0] == 1, int(reply[1])
+
+    async def expired_members(self, group_id: str, now_ms: int) -> list[str]:
+        """Members whose lease expiry is at or before ``now_ms``."""
+        raw = await self.redis.zrangebyscore(self.keyspace.group_leases(group_id), "-inf", now_ms)
+        return [m.decode() for m in raw]
+
+    async def lease_expiries(self, group_id: str) -> dict[str, int]:
+        raw = await self.redis.zrange(self.keyspace.group_leases(group_id), 0, -1, withscores=True)
+        return {m.decode(): int(score) for m, score in raw}
+
+    async def registered_groups(self) -> list[str]:
+        return sorted(
+            m.decode() for m in await self.redis.smembers(self.keyspace.registry_groups())
+        )
+
+    # -- streams ---------------------------------------------------------------------
+    def cached_stream(self, name: str) -> tuple[int, StreamMeta] | None:
+        return self._streams.get(name)
+
+    async def stream_revs(self, names: Iterable[str]) -> dict[str, int]:
+        names = list(names)
+        if not names:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hget(self.keyspace.stream_meta(name), "rev")
+        return {n: int(r or 0) for n, r in zip(names, await pipe.execute(), strict=True)}
+
+    async def load_streams(self, names: Iterable[str]) -> dict[str, tuple[int, StreamMeta | None]]:
+        """Load stream metadata (cached by revision). A stream that never existed maps
+        to ``(0, None)``.
+
+        Raises:
+            MetadataUnavailable: a registered stream's metadata is missing or corrupt.
+        """
+        revs = await self.stream_revs(names)
+        out: dict[str, tuple[int, StreamMeta | None]] = {}
+        for name, rev in revs.items():
+            if rev == 0:
+                if await self.redis.sismember(self.keyspace.registry_streams(), name):
+                    raise MetadataUnavailable(
+                        f"stream {name!r} is registered but its metadata is missing; an "
+                        "operator must re-initialise it (streamworks admin reinit stream)"
+                    )
+                out[name] = (0, None)
+                continue
+            cached = self._streams.get(name)
+            if cached is not None and cached[0] == rev:
+                out[name] = cached
+                continue
+            raw_rev, doc = await self.redis.hmget(self.keyspace.stream_meta(name), ["rev", "doc"])
+            try:
+                meta = StreamMeta.from_dict(orjson.loads(doc))
+                loaded = (int(raw_rev), meta)
+            except (TypeError, ValueError, orjson.JSONDecodeError) as e:
+                raise MetadataUnavailable(f"stream {name!r} metadata is corrupt: {e}") from e
+            self._streams[name] = loaded
+            out[name] = loaded
+        return out
+
+    async def load_stream(self, name: str) -> tuple[int, StreamMeta | None]:
+        return (await self.load_streams([name]))[name]
+
+    async def commit_stream(self, rev: int, meta: StreamMeta) -> int | None:
+        """CAS-write a stream's metadata; the new rev, or None on conflict."""
+        reply = await self.scripts.stream_commit(
+            keys=[self.keyspace.stream_meta(meta.name), self.keyspace.registry_streams()],
+            args=[rev, meta.name, orjson.dumps(meta.to_dict())],
+        )
+        if reply[0] != 1:
+            self._streams.pop(meta.name, None)
+            return None
+        new_rev = int(reply[1])
+        self._streams[meta.name] = (new_rev, meta)
+        return new_rev
+
+    async def registered_streams(self) -> list[str]:
+        return sorted(
+            m.decode() for m in await self.redis.smembers(self.keyspace.registry_streams())
+        )
+
+    async def existing_shard_keys(self, stream: str) -> list[str]:
+        """Shard keys of ``stream`` present in Redis (data-plane evidence that the
+        stream existed; a SCAN, used only when creating or re-initialising)."""
+        pattern = f"{{{self.keyspace.prefix}:{stream}/*}}:stream"
+        return sorted([k.decode() async for k in self.redis.scan_iter(match=pattern, count=1000)])
+
+    # -- subscriptions and fences ----------------------------------------------------
+    async def subscribed_groups(self, stream: str) -> set[str]:
+        raw = await self.redis.smembers(self.keyspace.registry_subscriptions(stream))
+        return {m.decode() for m in raw}
+
+    async def record_subscription(self, stream: str, group: str) -> None:
+        await self.redis.sadd(self.keyspace.registry_subscriptions(stream), group)
+
+    async def write_fences(
+        self, group_id: str, fences: Iterable[FenceWrite]
+    ) -> list[tuple[FenceWrite, str]]:
+        """Write owner fences (monotonic, ``fence.lua``), pipelined; returns the refused
+        ones with the fence found in their place."""
+        fences = list(fences)
+        if not fences:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for fence in fences:
+            await self.scripts.fence(
+                keys=[self.keyspace.fence(ShardId.parse(fence.shard), group_id)],
+                args=[fence.epoch, fence.member_id],
+                client=pipe,
+            )
+        replies = await pipe.execute()
+        refused = []
+        for fence, reply in zip(fences, replies, strict=True):
+            if reply[0] != 1:
+                current = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+                refused.append((fence, current))
+        return refused

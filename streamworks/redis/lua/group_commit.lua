@@ -1,0 +1,61 @@
+-- Compare-and-set commit of a group's metadata (PROTOCOL section 3, step 5).
+--
+-- The group hash holds a `rev` field (storeRevision), a `header` field (JSON) and one
+-- field per member (`m:<member id>`, JSON), so a commit writes only what changed.
+-- The write happens only if `rev` still equals the revision the caller loaded (0 for
+-- a group that does not exist yet); it then increments `rev`. In the same script the
+-- group is recorded in the registry (so a later loss of its metadata is detected,
+-- E21) and member leases are set or removed (expiry = now + TTL).
+--
+-- KEYS[1]  group metadata hash          KEYS[2]  registry of groups (set)
+-- KEYS[3]  member leases (sorted set: member -> expiry ms)
+-- ARGV[1]  expected rev                 ARGV[2]  group name
+-- ARGV[3]  header JSON ('' = unchanged) ARGV[4]  lease TTL ms
+-- ARGV[5]  now (ms, Redis time read by the caller in this critical section)
+-- ARGV[6]  n upserts, then n pairs (member id, member JSON)
+-- then     m deletes, then m member ids
+-- then     k lease renewals, then k member ids
+-- then     z lease removals (members no longer live), then z member ids
+-- then     e expected-expired members: the commit is refused if any of them renewed
+--          its lease in the meantime (score in the future)
+--
+-- Returns  {1, new_rev, now_ms}   committed
+--          {0, current_rev}       conflict: someone else committed first
+--          {-2, member}           a member expected expired holds a live lease
+local cur = tonumber(redis.call('HGET', KEYS[1], 'rev') or '0')
+if cur ~= tonumber(ARGV[1]) then return {0, cur} end
+local now = tonumber(ARGV[5])
+local i = 6
+local n = tonumber(ARGV[i]); i = i + 1
+local upserts = {}
+for _ = 1, n do
+  upserts[#upserts + 1] = 'm:' .. ARGV[i]
+  upserts[#upserts + 1] = ARGV[i + 1]
+  i = i + 2
+end
+local m = tonumber(ARGV[i]); i = i + 1
+local deletes = {}
+for _ = 1, m do deletes[#deletes + 1] = 'm:' .. ARGV[i]; i = i + 1 end
+local k = tonumber(ARGV[i]); i = i + 1
+local renew = {}
+for _ = 1, k do renew[#renew + 1] = ARGV[i]; i = i + 1 end
+local z = tonumber(ARGV[i]); i = i + 1
+local unlease = {}
+for _ = 1, z do unlease[#unlease + 1] = ARGV[i]; i = i + 1 end
+local e = tonumber(ARGV[i]); i = i + 1
+for _ = 1, e do
+  local score = redis.call('ZSCORE', KEYS[3], ARGV[i])
+  if score and tonumber(score) > now then return {-2, ARGV[i]} end
+  i = i + 1
+end
+local rev = cur + 1
+redis.call('HSET', KEYS[1], 'rev', rev)
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'header', ARGV[3]) end
+if #upserts > 0 then redis.call('HSET', KEYS[1], unpack(upserts)) end
+if #deletes > 0 then redis.call('HDEL', KEYS[1], unpack(deletes)) end
+redis.call('SADD', KEYS[2], ARGV[2])
+local ttl = tonumber(ARGV[4])
+for _, member in ipairs(renew) do redis.call('ZADD', KEYS[3], now + ttl, member) end
+for j = 1, m do redis.call('ZREM', KEYS[3], string.sub(deletes[j], 3)) end
+if #unlease > 0 then redis.call('ZREM', KEYS[3], unpack(unlease)) end
+return {1, rev, now}

@@ -291,15 +291,15 @@ class App:
 
         Runs an event loop in a background thread for the duration of the block.
         """
-        with anyio.from_thread.start_blocking_portal() as portal:
-            cm = self.connect(**kwargs)
-            portal.call(cm.__aenter__)
+        with (
+            anyio.from_thread.start_blocking_portal() as portal,
+            portal.wrap_async_context_manager(self.connect(**kwargs)),
+        ):
             publisher = self._sync_publisher = SyncPublisher(self, portal)
             try:
                 yield publisher
             finally:
                 self._sync_publisher = None
-                portal.call(cm.__aexit__, None, None, None)
 
     def publish_sync(
         self,

@@ -8,12 +8,15 @@ logged or echoed. ``/livez``, ``/readyz`` and ``/metrics`` need no token.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
+import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -36,15 +39,26 @@ from streamworks.protocol.shards import NAME_PATTERN
 if TYPE_CHECKING:
     from streamworks.coordinator.service import CoordinatorService
 
-__all__ = ("create_api",)
+__all__ = ("QuietServer", "create_api")
+
+
+class QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to its owner (the coordinator
+    command enters terminating mode on SIGTERM before the server stops; a test runtime
+    must not take over the test process's signals)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ApiError} for status in (400, 401, 404, 409, 422, 503)
 }
 
 
-def _error(code: ErrorCode | str, message: str, status: int, retryable: bool) -> ORJSONResponse:
-    return ORJSONResponse(
+def _error(code: ErrorCode | str, message: str, status: int, retryable: bool) -> JSONResponse:
+    return JSONResponse(
         {"error": str(code), "message": message, "retryable": retryable}, status_code=status
     )
 
@@ -57,7 +71,6 @@ def create_api(service: CoordinatorService) -> FastAPI:
     api = FastAPI(
         title="streamworks coordinator",
         version="1",
-        default_response_class=ORJSONResponse,
         docs_url=None,
         redoc_url=None,
     )
@@ -78,8 +91,8 @@ def create_api(service: CoordinatorService) -> FastAPI:
     def admin_auth(request: Request) -> None:
         _check(request, admin_token)
 
-    Member = Annotated[None, Depends(member_auth)]
-    Admin = Annotated[None, Depends(admin_auth)]
+    member = [Depends(member_auth)]
+    admin = [Depends(admin_auth)]
 
     def _name(kind: str, value: str) -> str:
         if not NAME_PATTERN.match(value):
@@ -89,11 +102,11 @@ def create_api(service: CoordinatorService) -> FastAPI:
         return value
 
     @api.exception_handler(CoordinatorError)
-    async def coordinator_error(_: Request, exc: CoordinatorError) -> ORJSONResponse:
+    async def coordinator_error(_: Request, exc: CoordinatorError) -> JSONResponse:
         return _error(exc.code, exc.message, exc.status or 500, exc.retryable)
 
     @api.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}"
             for e in exc.errors()[:5]
@@ -101,60 +114,84 @@ def create_api(service: CoordinatorService) -> FastAPI:
         return _error(ErrorCode.INVALID_REQUEST, problems[:1000], 422, False)
 
     @api.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> ORJSONResponse:
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
         return _error(code, str(exc.detail), exc.status_code, False)
 
     @api.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> ORJSONResponse:
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         service.log_unexpected(exc)
         return _error(ErrorCode.INTERNAL, "internal error (see the coordinator's log)", 500, True)
 
     # -- members and producers ---------------------------------------------------------
-    @api.post("/v1/groups/{group}/heartbeat", response_model=HeartbeatResponse, responses=_ERRORS)
-    async def heartbeat(group: str, body: HeartbeatRequest, _: Member) -> HeartbeatResponse:
+    @api.post(
+        "/v1/groups/{group}/heartbeat",
+        response_model=HeartbeatResponse,
+        responses=_ERRORS,
+        dependencies=member,
+    )
+    async def heartbeat(group: str, body: HeartbeatRequest) -> HeartbeatResponse:
         return await service.heartbeat(_name("group", group), body)
 
-    @api.get("/v1/streams/{stream}/routing", response_model=RoutingResponse, responses=_ERRORS)
-    async def routing(stream: str, _: Member) -> RoutingResponse:
+    @api.get(
+        "/v1/streams/{stream}/routing",
+        response_model=RoutingResponse,
+        responses=_ERRORS,
+        dependencies=member,
+    )
+    async def routing(stream: str) -> RoutingResponse:
         return await service.routing(_name("stream", stream))
 
-    @api.post("/v1/streams/ensure", response_model=StreamInfo, responses=_ERRORS)
-    async def ensure_stream(body: StreamCreateRequest, _: Member) -> StreamInfo:
+    @api.post(
+        "/v1/streams/ensure", response_model=StreamInfo, responses=_ERRORS, dependencies=member
+    )
+    async def ensure_stream(body: StreamCreateRequest) -> StreamInfo:
         return await service.ensure_stream(body.name, body.shards)
 
     # -- topology ------------------------------------------------------------------------
-    @api.post("/v1/streams", response_model=StreamInfo, responses=_ERRORS)
-    async def create_stream(body: StreamCreateRequest, _: Admin) -> StreamInfo:
+    @api.post("/v1/streams", response_model=StreamInfo, responses=_ERRORS, dependencies=admin)
+    async def create_stream(body: StreamCreateRequest) -> StreamInfo:
         return await service.create_stream(body.name, body.shards)
 
-    @api.post("/v1/streams/{stream}/scale", response_model=StreamInfo, responses=_ERRORS)
-    async def scale_stream(stream: str, body: StreamScaleRequest, _: Admin) -> StreamInfo:
+    @api.post(
+        "/v1/streams/{stream}/scale",
+        response_model=StreamInfo,
+        responses=_ERRORS,
+        dependencies=admin,
+    )
+    async def scale_stream(stream: str, body: StreamScaleRequest) -> StreamInfo:
         return await service.scale_stream(_name("stream", stream), body.shards)
 
-    @api.post("/v1/admin/reinitialize", response_model=StatusResponse, responses=_ERRORS)
-    async def reinitialize(body: ReinitializeRequest, _: Admin) -> StatusResponse:
+    @api.post(
+        "/v1/admin/reinitialize",
+        response_model=StatusResponse,
+        responses=_ERRORS,
+        dependencies=admin,
+    )
+    async def reinitialize(body: ReinitializeRequest) -> StatusResponse:
         return await service.reinitialize(body)
 
     # -- reading -------------------------------------------------------------------------
-    @api.get("/v1/streams", response_model=list[StreamInfo], responses=_ERRORS)
-    async def list_streams(_: Member) -> list[StreamInfo]:
+    @api.get("/v1/streams", response_model=list[StreamInfo], responses=_ERRORS, dependencies=member)
+    async def list_streams() -> list[StreamInfo]:
         return (await service.status()).streams
 
-    @api.get("/v1/streams/{stream}", response_model=StreamInfo, responses=_ERRORS)
-    async def show_stream(stream: str, _: Member) -> StreamInfo:
+    @api.get(
+        "/v1/streams/{stream}", response_model=StreamInfo, responses=_ERRORS, dependencies=member
+    )
+    async def show_stream(stream: str) -> StreamInfo:
         return await service.stream_info(_name("stream", stream))
 
-    @api.get("/v1/groups", response_model=list[GroupInfo], responses=_ERRORS)
-    async def list_groups(_: Member) -> list[GroupInfo]:
+    @api.get("/v1/groups", response_model=list[GroupInfo], responses=_ERRORS, dependencies=member)
+    async def list_groups() -> list[GroupInfo]:
         return (await service.status()).groups
 
-    @api.get("/v1/groups/{group}", response_model=GroupInfo, responses=_ERRORS)
-    async def show_group(group: str, _: Member) -> GroupInfo:
+    @api.get("/v1/groups/{group}", response_model=GroupInfo, responses=_ERRORS, dependencies=member)
+    async def show_group(group: str) -> GroupInfo:
         return await service.group_info(_name("group", group))
 
-    @api.get("/v1/status", response_model=StatusResponse, responses=_ERRORS)
-    async def status(_: Member) -> StatusResponse:
+    @api.get("/v1/status", response_model=StatusResponse, responses=_ERRORS, dependencies=member)
+    async def status() -> StatusResponse:
         return await service.status()
 
     # -- health ----------------------------------------------------------------------------

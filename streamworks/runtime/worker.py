@@ -94,6 +94,7 @@ class Worker:
         self._tg: TaskGroup | None = None
         self._stopping = False
         self._stop_requested = anyio.Event()
+        self._assignment_scope = anyio.CancelScope()
         self._changed = anyio.Event()
 
     def __repr__(self) -> str:
@@ -124,7 +125,8 @@ class Worker:
             self._tg = None
 
     async def _run_assignment(self, *, task_status: TaskStatus[None]) -> None:
-        await self.assignment.run(self, task_status=task_status)
+        with self._assignment_scope:
+            await self.assignment.run(self, task_status=task_status)
 
     def request_stop(self) -> None:
         """Begin a graceful stop (idempotent)."""
@@ -141,6 +143,9 @@ class Worker:
             await self.acker.flush_now()
         if scope.cancelled_caught:
             log.warning("shutdown timeout (%.1fs): in-flight work left pending", timeout)
+        # Stop heartbeating before leaving, so no heartbeat races the leave (it would
+        # be answered UNKNOWN_MEMBER and rejoin).
+        self._assignment_scope.cancel()
         with anyio.move_on_after(5, shield=True):
             await self.assignment.leave(self)
         log.info("worker %s stopped", self.member_id)

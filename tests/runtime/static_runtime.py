@@ -1,4 +1,8 @@
-"""``TestRuntime``: the real workers (and coordinator) in the test's own process.
+"""``StaticRuntime``: real workers on a *static* shard map, for data-plane tests.
+
+The product's ``TestRuntime`` runs the real coordinator; this harness instead deals
+shards round-robin and writes owner fences itself, so a data-plane test can control
+fences, leases and drains directly without the protocol reacting to them.
 
 It runs against a real Redis: ``redis_url`` if given, else
 :envvar:`STREAMWORKS_TEST_REDIS_URL`, else an embedded server started for the
@@ -14,7 +18,6 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -33,27 +36,13 @@ from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from streamworks.runtime.assignment import StaticAssignment
 from streamworks.runtime.connection import Connection, open_connection
+from streamworks.runtime.routing import StaticRoutingSource
 from streamworks.runtime.worker import Worker
 from streamworks.settings import Settings
 from streamworks.testing.embedded import EmbeddedRedis
+from streamworks.testing.runtime import DeadLetter
 
-__all__ = ("DeadLetter", "TestRuntime")
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """One entry of a dead-letter stream."""
-
-    entry_id: str
-    reason: str
-    error: str
-    attempts: int
-    stream: str
-    shard: str
-    origin_id: str
-    payload: bytes | None
-    key: str | None
-    fields: dict[str, bytes]
+__all__ = ("StaticRuntime",)
 
 
 class _WorkerSlot:
@@ -63,7 +52,7 @@ class _WorkerSlot:
         self.done = anyio.Event()
 
 
-class TestRuntime:
+class StaticRuntime:
     """Real workers of ``app`` against a real Redis, inside the test process.
 
     Args:
@@ -109,7 +98,7 @@ class TestRuntime:
         self._connection_cm: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------
-    async def __aenter__(self) -> TestRuntime:
+    async def __aenter__(self) -> StaticRuntime:
         if self._redis_url is None:
             self._server = EmbeddedRedis().start()
             self._redis_url = self._server.url
@@ -117,7 +106,16 @@ class TestRuntime:
         self.redis = create_redis(self.settings)
         self.scripts = Scripts(self.redis)
         await self._provision()
-        self._connection_cm = open_connection(self.app, self.settings, redis=self.redis)
+        self._connection_cm = open_connection(
+            self.app,
+            self.settings,
+            redis=self.redis,
+            routing=StaticRoutingSource(
+                self.keyspace, {s.name: s.shards for s in self.app.streams.values()}
+            ),
+            coordinator=_NoCoordinator(),
+            ensure_streams=False,
+        )
         self.connection = await self._connection_cm.__aenter__()
         self._attach = self.app.attached(self.connection) if self._attach_app else None
         if self._attach is not None:
@@ -306,7 +304,7 @@ class TestRuntime:
             )
         return out
 
-    def shard_keys(self, stream: str) -> Sequence[str]:
+    async def shard_keys(self, stream: str) -> Sequence[str]:
         spec = self.app.streams[stream]
         return [self.keyspace.stream(ShardId(stream, i)) for i in range(spec.shards)]
 
@@ -318,3 +316,10 @@ async def _delete_prefix(redis: Any, prefix: str) -> None:
         batch = [key async for key in redis.scan_iter(match=pattern, count=1000)]
         for i in range(0, len(batch), 500):
             await redis.delete(*batch[i : i + 500])
+
+
+class _NoCoordinator:
+    """Static mode has no coordinator."""
+
+    async def aclose(self) -> None:
+        return None

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from streamworks import App, Settings
+from streamworks import App
 from streamworks.protocol.shards import ShardId
 from streamworks.settings import WorkerSettings
 from streamworks.testing import TestRuntime
+from streamworks.testing.runtime import fast_settings
 from tests.support import wait_for
 
 
@@ -28,21 +29,21 @@ def group_app(name: str, seen: list[int], **stream: Any) -> App:
 
 async def lags(rt: TestRuntime) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
-    for key in rt.shard_keys("orders"):
+    for key in await rt.shard_keys("orders"):
         for g in await rt.redis.xinfo_groups(key):
             out.setdefault(g["name"].decode(), []).append(g["lag"])
     return out
 
 
 async def total_length(rt: TestRuntime) -> int:
-    return sum([await rt.redis.xlen(k) for k in rt.shard_keys("orders")])
+    return sum([await rt.redis.xlen(k) for k in await rt.shard_keys("orders")])
 
 
 @pytest.mark.seed("E12")
 async def test_ack_delete_with_two_groups_keeps_the_slow_groups_entries_and_exact_lag(
     streamworks_redis_url: str,
 ) -> None:
-    settings = Settings(worker=WorkerSettings(trim_interval=0.02))
+    settings = fast_settings(worker=WorkerSettings(trim_interval=0.02, block=0.5))
     prefix = f"t{uuid.uuid4().hex[:10]}"
     fast_seen: list[int] = []
     slow_seen: list[int] = []
@@ -50,9 +51,10 @@ async def test_ack_delete_with_two_groups_keeps_the_slow_groups_entries_and_exac
     slow = group_app("slow", slow_seen, delete_on_ack=True)
     common = {"redis_url": streamworks_redis_url, "settings": settings, "key_prefix": prefix}
     async with (
-        TestRuntime(slow, workers=0, attach=False, **common) as slow_rt,
+        TestRuntime(slow, workers=1, attach=False, **common) as slow_rt,
         TestRuntime(fast, workers=1, **common) as fast_rt,
     ):
+        await slow_rt.stop_worker(0)  # subscribed (its consumer groups exist), then gone
         for n in range(200):
             await fast.publish("orders", {"n": n}, key=str(n))
         await wait_for(lambda: len(fast_seen) == 200, message="the fast group")
@@ -74,7 +76,7 @@ async def test_ack_delete_with_two_groups_keeps_the_slow_groups_entries_and_exac
         )
         assert await lags(fast_rt) == {"fast": [0, 0], "slow": [0, 0]}
         # More traffic after the trims: lag is still computed exactly.
-        await slow_rt.stop_worker(0)
+        await slow_rt.stop_worker(1)
         for n in range(200, 230):
             await fast.publish("orders", {"n": n}, key=str(n))
         await wait_for(lambda: len(fast_seen) == 230, message="the fast group again")
@@ -91,7 +93,7 @@ async def _is_empty(rt: TestRuntime) -> bool:
 async def test_retention_trims_only_old_entries_every_group_acked(
     streamworks_redis_url: str,
 ) -> None:
-    settings = Settings(worker=WorkerSettings(trim_interval=0.02))
+    settings = fast_settings(worker=WorkerSettings(trim_interval=0.02, block=0.5))
     seen: list[int] = []
     app = group_app("g", seen, retention=3600)
     async with TestRuntime(

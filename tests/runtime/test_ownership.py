@@ -15,6 +15,7 @@ from streamworks.coordinator.provision import grant_token, write_fence
 from streamworks.protocol.shards import ShardId
 from streamworks.runtime.reader import ReaderState
 from streamworks.testing import TestRuntime
+from tests.runtime.static_runtime import StaticRuntime
 from tests.support import wait_for
 
 SHARD = ShardId("orders", 0)
@@ -32,16 +33,16 @@ def one_shard_app() -> tuple[App, list[Any]]:
     return app, seen
 
 
-async def group_info(rt: TestRuntime) -> dict[str, Any]:
+async def group_info(rt: TestRuntime | StaticRuntime) -> dict[str, Any]:
     [info] = await rt.redis.xinfo_groups(rt.keyspace.stream(SHARD))
     return dict(info)
 
 
 async def test_takeover_claims_the_previous_owners_pending_entries_first(
-    streamworks_runtime: Callable[..., TestRuntime],
+    streamworks_redis_url: str,
 ) -> None:
     app, seen = one_shard_app()
-    async with streamworks_runtime(app, workers=0) as rt:
+    async with StaticRuntime(app, workers=0, redis_url=streamworks_redis_url) as rt:
         key = rt.keyspace.stream(SHARD)
         for n in range(5):
             await app.publish("orders", {"n": n})
@@ -57,10 +58,10 @@ async def test_takeover_claims_the_previous_owners_pending_entries_first(
 
 
 async def test_fenced_read_refuses_a_member_whose_grant_was_replaced(
-    streamworks_runtime: Callable[..., TestRuntime],
+    streamworks_redis_url: str,
 ) -> None:
     app, seen = one_shard_app()
-    async with streamworks_runtime(app, workers=1) as rt:
+    async with StaticRuntime(app, workers=1, redis_url=streamworks_redis_url) as rt:
         [worker] = rt.workers
         await app.publish("orders", {"n": 1})
         await rt.wait_idle()
@@ -80,10 +81,10 @@ async def test_fenced_read_refuses_a_member_whose_grant_was_replaced(
 
 
 async def test_reads_stop_when_the_lease_expires_and_resume_on_renewal(
-    streamworks_runtime: Callable[..., TestRuntime],
+    streamworks_redis_url: str,
 ) -> None:
     app, seen = one_shard_app()
-    async with streamworks_runtime(app, workers=1) as rt:
+    async with StaticRuntime(app, workers=1, redis_url=streamworks_redis_url) as rt:
         [worker] = rt.workers
         await app.publish("orders", {"n": 0})
         await rt.wait_idle()
@@ -102,7 +103,7 @@ async def test_reads_stop_when_the_lease_expires_and_resume_on_renewal(
 
 
 async def test_drain_finishes_in_flight_work_acks_and_reads_no_more(
-    streamworks_runtime: Callable[..., TestRuntime],
+    streamworks_redis_url: str,
 ) -> None:
     app = App("g")
     app.stream("orders", shards=1)
@@ -116,7 +117,7 @@ async def test_drain_finishes_in_flight_work_acks_and_reads_no_more(
         await release.wait()
         done.append(value["n"])
 
-    async with streamworks_runtime(app, workers=1) as rt:
+    async with StaticRuntime(app, workers=1, redis_url=streamworks_redis_url) as rt:
         [worker] = rt.workers
         await app.publish("orders", {"n": 1})
         await started.wait()
@@ -158,7 +159,7 @@ async def test_graceful_shutdown_finishes_in_flight_and_loses_nothing(
         # Everything that started finished and was acked; what was read but not yet
         # started stays pending for the next owner.
         assert pending == 40 - stopped_with - sum(
-            [(await rt.redis.xinfo_groups(k))[0]["lag"] for k in rt.shard_keys("orders")]
+            [(await rt.redis.xinfo_groups(k))[0]["lag"] for k in await rt.shard_keys("orders")]
         )
         await rt.add_worker()
         await rt.wait_idle()
@@ -191,10 +192,10 @@ async def test_at_least_once_a_crash_after_the_handler_before_the_ack_redelivers
 
 
 async def test_a_stopped_reader_reports_why(
-    streamworks_runtime: Callable[..., TestRuntime],
+    streamworks_redis_url: str,
 ) -> None:
     app, _ = one_shard_app()
-    async with streamworks_runtime(app, workers=1) as rt:
+    async with StaticRuntime(app, workers=1, redis_url=streamworks_redis_url) as rt:
         [worker] = rt.workers
         reader = worker.readers[SHARD]
         await rt.redis.delete(rt.keyspace.stream(SHARD))  # retired underneath it

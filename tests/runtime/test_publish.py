@@ -151,8 +151,12 @@ async def test_no_global_dedup_across_layouts(
 
 async def test_publish_sync_from_synchronous_code(streamworks_redis_url: str) -> None:
     app = orders_app(2)
-    async with TestRuntime(app, workers=0, redis_url=streamworks_redis_url, attach=False) as rt:
-        app._settings = rt.settings  # the app publishes where the runtime provisioned
+    async with TestRuntime(
+        app, workers=0, redis_url=streamworks_redis_url, attach=False, http=True
+    ) as rt:
+        assert rt.http_url is not None
+        # The app connects by itself, to the runtime's Redis and (real HTTP) coordinator.
+        app._settings = rt.settings.with_overrides(coordinator_urls=[rt.http_url])
 
         def view() -> tuple[Published, list[Published]]:
             # A Django/Flask view: no event loop of its own.
@@ -164,7 +168,7 @@ async def test_publish_sync_from_synchronous_code(streamworks_redis_url: str) ->
 
         one, more = await anyio.to_thread.run_sync(view)
         assert one.stream == "orders" and len(more) == 3
-        total = sum([await rt.redis.xlen(k) for k in rt.shard_keys("orders")])
+        total = sum([await rt.redis.xlen(k) for k in await rt.shard_keys("orders")])
         assert total == 5
 
 

@@ -42,6 +42,7 @@ from streamworks.coordinator.core import (
     expire_members,
     fence_overdue_revocations,
     heartbeat,
+    raise_epoch_floor,
     remove_stale_members,
     stream_of,
 )
@@ -65,11 +66,13 @@ class Client:
     subscriptions: frozenset[str] = frozenset(STREAMS)
     send_subscriptions: bool = False
     owned: set[str] = field(default_factory=set)
+    grants: dict[str, int] = field(default_factory=dict)  # owned shard -> grant epoch
     revoking: dict[str, int] = field(default_factory=dict)  # shard -> heartbeats left
 
     def drop_everything(self) -> None:
         self.epoch = 0
         self.owned.clear()
+        self.grants.clear()
         self.revoking.clear()
 
 
@@ -95,8 +98,11 @@ class GroupMachine(RuleBasedStateMachine):
         self.group = Group("g")
         self.clients = {mid: Client() for mid in MEMBER_IDS}
         self.leases: dict[str, int] = {}
+        # Owner fences live on the shards' keys: a loss of metadata writes keeps them.
         self.fences: dict[str, tuple[str, int]] = {}
         self.converged_checks = 0
+        self.history: list[tuple[Group, dict[str, int]]] = []
+        self.lost_writes = False
 
     # -- the world ---------------------------------------------------------------
 
@@ -145,15 +151,22 @@ class GroupMachine(RuleBasedStateMachine):
                     assert reported is not None
                     assert reported.isdisjoint(old.pending_revocation)
         # Invariant 4: per shard, grant epochs never decrease and strictly increase
-        # when the owner changes (what fence.lua accepts).
+        # when the owner changes, so fence.lua never has to refuse a write. Only after
+        # Redis lost metadata writes may it refuse one: the shell then reports the
+        # newer fence epoch back so the group's epochs overtake it.
+        refused_epoch = -1
         for fence in result.fences:
             last = self.fences.get(fence.shard)
-            if last is not None:
-                assert fence.epoch >= last[1], f"fence of {fence.shard} went back"
-                if last[0] != fence.member_id:
-                    assert fence.epoch > last[1], f"{fence.shard} changed owner at same epoch"
-            self.fences[fence.shard] = (fence.member_id, fence.epoch)
+            token = (fence.member_id, fence.epoch)
+            if last is not None and last != token and last[1] >= fence.epoch:
+                assert self.lost_writes, f"fence of {fence.shard}: {token} after {last}"
+                refused_epoch = max(refused_epoch, last[1])
+            else:
+                self.fences[fence.shard] = token
+        self.history = [*self.history[-9:], (before, dict(self.leases))]
         self.group = after
+        if refused_epoch >= 0:
+            self._apply(raise_epoch_floor(self.group, refused_epoch))
 
     def _heartbeat(self, mid: str, *, lose: bool, drain: int) -> HeartbeatResult | None:
         client = self.clients[mid]
@@ -171,7 +184,12 @@ class GroupMachine(RuleBasedStateMachine):
             subscriptions=(client.subscriptions if joining or client.send_subscriptions else None),
             owned=frozenset(client.owned),
             revoking=frozenset(client.revoking),
+            # Reads of these fail at the fence (only possible after lost writes).
+            fence_failed=frozenset(
+                s for s in client.owned if self.fences.get(s) != (mid, client.grants[s])
+            ),
         )
+        before = self.group
         result = heartbeat(self.group, self.topology, request, self.now, self.config)
         self._apply(result, actor=mid, reported=request.reported(), replaced=joining)
         if result.renews_lease:
@@ -184,11 +202,14 @@ class GroupMachine(RuleBasedStateMachine):
             assert result.pending == record.target - set(record.assigned)
             # The owner fence of every shard the member may read names it already.
             for shard, epoch in result.assigned.items():
-                assert self.fences[shard] == (mid, epoch)
-        assert result.status is not HeartbeatStatus.SYNC_METADATA  # no write loss here
+                assert self.fences[shard] == (mid, epoch) or self.lost_writes
+        if result.status is HeartbeatStatus.SYNC_METADATA:
+            assert self.lost_writes
+            assert self.group.members[mid] == before.members[mid]  # nothing copied (E20)
+            assert self.group.group_epoch > request.member_epoch
         if lose:
             return result
-        if result.status is HeartbeatStatus.OK:
+        if result.status in (HeartbeatStatus.OK, HeartbeatStatus.SYNC_METADATA):
             client.epoch = result.member_epoch
             client.metadata_version = result.group.metadata_version
             client.send_subscriptions = False
@@ -197,6 +218,7 @@ class GroupMachine(RuleBasedStateMachine):
                 if drain > 0:
                     client.revoking[shard] = drain
             client.owned = granted
+            client.grants = dict(result.assigned)
             for shard in granted:
                 client.revoking.pop(shard, None)
         else:
@@ -325,6 +347,7 @@ class GroupMachine(RuleBasedStateMachine):
                 break
         assert self._settled(), f"not converged after {rounds} rounds: {self.group.state}"
         self._check_balance()
+        self._check_fences(even_after_lost_writes=True)
         if not self.heterogeneous:
             self._check_join_moves_little()
 
@@ -382,6 +405,9 @@ class GroupMachine(RuleBasedStateMachine):
     def shards_a_live_member_still_reads_stay_its_own(self) -> None:  # E6, clients' view
         # Until a member reports a shard revoked (or expires, or is fenced), the
         # coordinator keeps it as that member's: nobody else can be granted it.
+        # (After lost writes only the fences protect: see WriteLossMachine.)
+        if self.lost_writes:
+            return
         holders = self.group.holders()
         for mid, client in self.clients.items():
             record = self.group.members.get(mid)
@@ -392,6 +418,11 @@ class GroupMachine(RuleBasedStateMachine):
 
     @invariant()
     def live_holdings_match_their_fences(self) -> None:
+        self._check_fences(even_after_lost_writes=False)
+
+    def _check_fences(self, *, even_after_lost_writes: bool) -> None:
+        if self.lost_writes and not even_after_lost_writes:
+            return
         for mid, member in self.group.live_members().items():
             for shard, epoch in member.assigned.items():
                 assert self.fences.get(shard) == (mid, epoch)
@@ -447,6 +478,26 @@ class BatchedHeterogeneousMachine(GroupMachine):
             client.send_subscriptions = True
 
 
+class WriteLossMachine(GroupMachine):
+    """Redis loses recent metadata writes (failover, restore): E19, E20.
+
+    The group reverts to an older snapshot while the shards' owner fences and the
+    members' own views stay newer. Members that saw newer metadata get
+    SYNC_METADATA, stale epochs get FENCED, fence writes older than the surviving
+    fences are refused and reported back, members report failed fenced reads, and
+    the group must still converge with every fence naming its holder.
+    """
+
+    @rule(back=st.integers(1, 6))
+    def lose_writes(self, back: int) -> None:
+        if len(self.history) < back:
+            return
+        # The lease set shares the metadata's hash tag: it loses the writes too.
+        self.group, self.leases = self.history[-back]
+        self.history = self.history[:-back]
+        self.lost_writes = True
+
+
 _machine_settings = settings(
     max_examples=80,
     stateful_step_count=40,
@@ -457,6 +508,8 @@ TestGroupMachine = GroupMachine.TestCase
 TestGroupMachine.settings = _machine_settings
 TestBatchedHeterogeneousMachine = BatchedHeterogeneousMachine.TestCase
 TestBatchedHeterogeneousMachine.settings = _machine_settings
+TestWriteLossMachine = WriteLossMachine.TestCase
+TestWriteLossMachine.settings = _machine_settings
 
 
 # -- the model's documents ------------------------------------------------------------

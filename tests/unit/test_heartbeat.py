@@ -24,6 +24,7 @@ from streamworks.coordinator.core import (
     fence_overdue_revocations,
     heartbeat,
     next_deadline_ms,
+    raise_epoch_floor,
     remove_stale_members,
 )
 
@@ -482,6 +483,30 @@ def test_sync_metadata_raises_group_epoch_above_reported_epoch_equal_to_it() -> 
     assert r.status is SYNC
     assert h.group.group_epoch == reported + 1
     assert h.group.state is GroupState.ASSIGNING
+
+
+@pytest.mark.seed("E20")
+def test_fence_refused_after_lost_writes_is_overtaken_and_repaired() -> None:
+    h = Harness(orders(1))
+    h.join("a")
+    # Before Redis lost writes, "a" was granted the shard at epoch 9; that fence
+    # survived on the shard's key, the metadata did not, and "a" crashed.
+    shard = "orders/0@0"
+    h.fences[shard] = ("a", 9)
+    h.now += h.config.lease_ttl_ms
+    h.apply(expire_members(h.group, ["a"], h.now))
+    r = h.join("b")
+    assert r.fences[0].epoch < 9  # fence.lua refuses this write (9 >= epoch)...
+    # ...and the shell reports the surviving fence's epoch back to the core.
+    h.fences[shard] = ("a", 9)
+    h.apply(raise_epoch_floor(h.group, 9))
+    assert h.group.group_epoch == 10
+    assert raise_epoch_floor(h.group, 9).is_noop
+    r = h.steady("b")  # the next target is newer than anything before the loss
+    assert r.member_epoch == 10
+    r = h.hb("b", 10, owned=r.assigned, fence_failed=[shard])  # its fenced read failed
+    assert [(f.shard, f.member_id, f.epoch) for f in r.fences] == [(shard, "b", 10)]
+    assert r.assigned == {shard: 10}
 
 
 # -- subscriptions, topology, batching ------------------------------------------------

@@ -1,0 +1,436 @@
+"""``TestRuntime``: the real coordinator and real workers in the test's own process.
+
+It runs against a real Redis: ``redis_url`` if given, else
+:envvar:`STREAMWORKS_TEST_REDIS_URL`, else an embedded server started for the
+runtime. The coordinator is the production :class:`CoordinatorService` with its event
+loop, reached through an in-process transport (or real HTTP with ``http=True``);
+the workers are production :class:`Worker` objects joined through heartbeats. Timers
+are fast by default (50 ms heartbeats, 1 s leases) and ``advance()`` moves every
+clock forward at once. Every runtime uses its own key prefix, so tests sharing one
+server never see each other's keys. Inside the ``async with`` block the app's
+``publish`` and producers are connected to that Redis and coordinator.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from streamworks.app import App
+from streamworks.clock import Clock
+from streamworks.coordinator.client import CoordinatorClient
+from streamworks.coordinator.local import LocalTransport
+from streamworks.coordinator.member import CoordinatorAssignment
+from streamworks.coordinator.service import CoordinatorService
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.shards import ShardId
+from streamworks.redis.client import create_redis
+from streamworks.redis.keyspace import Keyspace
+from streamworks.runtime.connection import Connection, open_connection
+from streamworks.runtime.worker import Worker
+from streamworks.settings import CoordinatorSettings, Settings, WorkerSettings
+from streamworks.testing.embedded import EmbeddedRedis
+
+__all__ = ("DeadLetter", "TestRuntime", "fast_settings")
+
+
+def fast_settings(base: Settings | None = None, **overrides: Any) -> Settings:
+    """Settings with test-speed timers: 50 ms heartbeats, 1 s member leases, 5 s
+    revocation timeout and routing lease, a 50 ms coordinator loop."""
+    base = base or Settings()
+    values: dict[str, Any] = {
+        "heartbeat_interval": 0.05,
+        "lease_ttl": 1.0,
+        "rebalance_timeout": 5.0,
+        "routing_lease": 5.0,
+        "stale_member_retention": 30.0,
+        "worker": WorkerSettings(
+            **{
+                **base.worker.model_dump(),
+                "block": 0.5,
+                "shutdown_timeout": 5.0,
+                "lease_grace": 1.0,
+            }
+        ),
+        "coordinator": CoordinatorSettings(
+            **{**base.coordinator.model_dump(), "loop_interval": 0.05, "assignment_interval": 0.0}
+        ),
+    }
+    values.update(overrides)
+    return base.model_copy(update=values)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One entry of a dead-letter stream."""
+
+    entry_id: str
+    reason: str
+    error: str
+    attempts: int
+    stream: str
+    shard: str
+    origin_id: str
+    payload: bytes | None
+    key: str | None
+    fields: dict[str, bytes]
+
+
+class _WorkerSlot:
+    def __init__(self, worker: Worker, scope: anyio.CancelScope) -> None:
+        self.worker = worker
+        self.scope = scope
+        self.done = anyio.Event()
+
+
+class TestRuntime:
+    """The real coordinator and workers of ``app`` against a real Redis, in-process.
+
+    Args:
+        app: the app under test.
+        workers: number of in-process workers to start.
+        redis_url: Redis to use; else ``STREAMWORKS_TEST_REDIS_URL``, else embedded.
+        settings: base settings; timers default to :func:`fast_settings`. The key
+            prefix is replaced by a fresh one unless ``key_prefix`` is given.
+        key_prefix: share this prefix with other runtimes (other groups on the same
+            streams, or several coordinator replicas); not cleaned up on exit.
+        attach: connect the app's ``publish`` to the runtime (default).
+        http: reach the coordinator over real HTTP on 127.0.0.1 instead of in-process.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        workers: int = 1,
+        redis_url: str | None = None,
+        settings: Settings | None = None,
+        key_prefix: str | None = None,
+        attach: bool = True,
+        http: bool = False,
+    ) -> None:
+        self.app = app
+        self._n_workers = workers
+        self._redis_url = redis_url or os.environ.get("STREAMWORKS_TEST_REDIS_URL")
+        self._own_prefix = key_prefix is None
+        base = settings if settings is not None else fast_settings()
+        self.settings = base.with_overrides(key_prefix=key_prefix or f"t{uuid.uuid4().hex[:10]}")
+        self.keyspace = Keyspace(self.settings.key_prefix)
+        self._attach_app = attach
+        self._http = http
+        self.clock = Clock()
+        self._server: EmbeddedRedis | None = None
+        self._tg: TaskGroup | None = None
+        self._attach: Any = None
+        self._connection_cm: Any = None
+        self.redis: Any = None
+        self.service: CoordinatorService | None = None
+        self.coordinator: Any = None
+        self.connection: Connection | None = None
+        self.slots: list[_WorkerSlot] = []
+        self.http_url: str | None = None
+        self._http_server: Any = None
+        self._http_done = anyio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def __aenter__(self) -> TestRuntime:
+        if self._redis_url is None:
+            self._server = EmbeddedRedis().start()
+            self._redis_url = self._server.url
+        self.settings = self.settings.with_overrides(redis_url=self._redis_url)
+        self.redis = create_redis(self.settings)
+        self.service = CoordinatorService(self.redis, self.settings, clock=self.clock)
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            self._tg.start_soon(self.service.run_loop)
+            if self._http:
+                await self._tg.start(self._serve_http)
+                assert self.http_url is not None
+                self.coordinator = CoordinatorClient(
+                    [self.http_url],
+                    token=_secret(self.settings.token),
+                    admin_token=_secret(self.settings.admin_token),
+                )
+            else:
+                self.coordinator = LocalTransport(self.service)
+            self._connection_cm = open_connection(
+                self.app,
+                self.settings,
+                redis=self.redis,
+                coordinator=self.coordinator,
+                clock=self.clock,
+            )
+            self.connection = await self._connection_cm.__aenter__()
+            if self._attach_app:
+                self._attach = self.app.attached(self.connection)
+                await self._attach.__aenter__()
+            for _ in range(self._n_workers):
+                await self.add_worker(wait=False)
+            if self._n_workers:
+                await self.wait_assigned()
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            for slot in self.slots:
+                if not slot.done.is_set():
+                    slot.worker.request_stop()
+            if self._tg is not None:
+                with anyio.move_on_after(self.settings.worker.shutdown_timeout + 5):
+                    for slot in self.slots:
+                        await slot.done.wait()
+                if self._attach is not None:
+                    await self._attach.__aexit__(None, None, None)
+                    self._attach = None
+                if self._connection_cm is not None:
+                    await self._connection_cm.__aexit__(None, None, None)
+                    self._connection_cm = None
+                if self._http_server is not None:
+                    # A graceful stop closes the listening socket; a cancel would not.
+                    self._http_server.should_exit = True
+                    with anyio.move_on_after(5):
+                        await self._http_done.wait()
+                self._tg.cancel_scope.cancel()
+                await self._tg.__aexit__(None, None, None)
+                self._tg = None
+        finally:
+            if self.coordinator is not None:
+                await self.coordinator.aclose()
+            if self.redis is not None:
+                if self._own_prefix:
+                    await _delete_prefix(self.redis, self.settings.key_prefix)
+                await self.redis.aclose()
+                self.redis = None
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+
+    async def _serve_http(self, *, task_status: TaskStatus[None]) -> None:
+        import uvicorn
+
+        from streamworks.coordinator.http import QuietServer, create_api
+
+        assert self.service is not None
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        config = uvicorn.Config(
+            create_api(self.service),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+        )
+        server = QuietServer(config)
+        self.http_url = f"http://127.0.0.1:{port}"
+        self._http_server = server
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(server.serve)
+                with anyio.fail_after(10):
+                    while not server.started:  # noqa: ASYNC110 - uvicorn exposes no event
+                        await anyio.sleep(0.005)
+                task_status.started()
+        finally:
+            self._http_done.set()
+
+    # -- workers -------------------------------------------------------------------------
+    @property
+    def workers(self) -> list[Worker]:
+        """Workers that are running (not killed or stopped)."""
+        return [s.worker for s in self.slots if not s.done.is_set()]
+
+    async def add_worker(self, *, wait: bool = True) -> Worker:
+        """Start one more worker (a new member of the group)."""
+        assert self._tg is not None
+        membership = CoordinatorAssignment(self.coordinator, self.settings)
+        worker = Worker(self.app, self.redis, membership, settings=self.settings, clock=self.clock)
+        scope = anyio.CancelScope()
+        slot = _WorkerSlot(worker, scope)
+        self.slots.append(slot)
+
+        async def run(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+            try:
+                with scope:
+                    await worker.run(task_status=task_status)
+            finally:
+                slot.done.set()
+
+        await self._tg.start(run)
+        if wait:
+            await self.wait_assigned()
+        return worker
+
+    async def kill_worker(self, index: int) -> None:
+        """Crash worker ``index``: no drain, no ack flush, no leave. Its shards move when
+        its lease expires (``advance`` makes that immediate)."""
+        slot = self.slots[index]
+        slot.scope.cancel()
+        await slot.done.wait()
+
+    async def stop_worker(self, index: int) -> None:
+        """Stop worker ``index`` gracefully (SIGTERM semantics: finish, ack, leave)."""
+        slot = self.slots[index]
+        slot.worker.request_stop()
+        await slot.done.wait()
+
+    async def advance(self, seconds: float) -> None:
+        """Move the coordinator's and workers' clocks forward by ``seconds``: leases,
+        revocation deadlines and routing leases come due without waiting."""
+        self.clock.advance(seconds)
+        assert self.service is not None
+        for group_id in await self.service.store.registered_groups():
+            await self.service.tick_group(group_id)
+
+    # -- observation ---------------------------------------------------------------------
+    async def wait_assigned(self, timeout: float = 10.0) -> None:
+        """Wait until the group is STABLE and every shard of every handled stream is
+        read by exactly one running worker."""
+        deadline = time.monotonic() + timeout
+        while True:
+            problem = await self._assignment_problem()
+            if problem is None:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"assignment did not settle within {timeout}s: {problem}")
+            await anyio.sleep(0.01)
+
+    async def _assignment_problem(self) -> str | None:
+        assert self.service is not None
+        workers = self.workers
+        if not workers:
+            return "no running worker"
+        try:
+            group = await self.service.group_info(self.app.name)
+        except CoordinatorError as e:
+            return f"group not available yet ({e.code})"
+        if group.state != "STABLE":
+            return f"group is {group.state}"
+        live = {m.member_id for m in group.members if m.state == "STABLE"}
+        for worker in workers:
+            if worker.member_id not in live:
+                return f"worker {worker.member_id[:8]} has not joined"
+        reading: dict[ShardId, int] = {}
+        for worker in workers:
+            for shard, reader in worker.readers.items():
+                if reader.accepting:
+                    reading[shard] = reading.get(shard, 0) + 1
+        for name in self.app.handlers:
+            stream = await self.service.stream_info(name)
+            for info in stream.shards:
+                if info.state == "RETIRED":
+                    continue
+                count = reading.get(ShardId.parse(info.shard), 0)
+                if count != 1:
+                    return f"{info.shard} read by {count} workers"
+        return None
+
+    async def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until every group is drained: on every shard ``lag`` 0 and ``pending`` 0,
+        and no worker has a message in flight or waiting for a retry.
+
+        Raises:
+            TimeoutError: not idle within ``timeout`` seconds (with what is left).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            left = await self._work_left()
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"runtime not idle after {timeout}s: {left}")
+            await anyio.sleep(0.01)
+
+    async def _work_left(self) -> list[str]:
+        left: list[str] = []
+        for worker in self.workers:
+            left.extend(
+                f"{reader.shard_name}: {reader.outstanding} in flight"
+                for reader in worker.readers.values()
+                if reader.outstanding
+            )
+        assert self.service is not None
+        for name in self.app.handlers:
+            stream = await self.service.stream_info(name)
+            for info in stream.shards:
+                if info.state == "RETIRED":
+                    continue
+                key = self.keyspace.stream(ShardId.parse(info.shard))
+                for group in await self.redis.xinfo_groups(key):
+                    gname = group["name"].decode()
+                    if group["pending"] or group["lag"] is None or group["lag"]:
+                        left.append(f"{key} {gname}: pending={group['pending']} lag={group['lag']}")
+        return left
+
+    def handled(self, stream: str) -> int:
+        """Messages of ``stream`` whose handler succeeded, over all workers so far."""
+        return self.statistics(stream).get("handled", 0)
+
+    def statistics(self, stream: str) -> dict[str, int]:
+        """Summed handler counters of ``stream`` over all workers so far."""
+        total: dict[str, int] = {}
+        for slot in self.slots:
+            runtime = slot.worker.handlers.get(stream)
+            if runtime is None:
+                continue
+            for name, value in runtime.statistics.as_dict().items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    async def dead_letters(self, stream: str) -> list[DeadLetter]:
+        """The app's dead-letter entries for ``stream``, oldest first."""
+        key = self.keyspace.dead_letters(self.app.name, stream)
+        out = []
+        for entry_id, fields in await self.redis.xrange(key):
+            text = {k.decode(): v for k, v in fields.items()}
+            out.append(
+                DeadLetter(
+                    entry_id=entry_id.decode(),
+                    reason=text["reason"].decode(),
+                    error=text["error"].decode(),
+                    attempts=int(text["attempts"]),
+                    stream=text["stream"].decode(),
+                    shard=text["shard"].decode(),
+                    origin_id=text["entry_id"].decode(),
+                    payload=text.get("o.v"),
+                    key=text["o.k"].decode(errors="replace") if "o.k" in text else None,
+                    fields=text,
+                )
+            )
+        return out
+
+    async def shard_keys(self, stream: str) -> list[str]:
+        """Stream keys of the stream's shards that are not retired."""
+        assert self.service is not None
+        info = await self.service.stream_info(stream)
+        return [
+            self.keyspace.stream(ShardId.parse(s.shard))
+            for s in info.shards
+            if s.state != "RETIRED"
+        ]
+
+
+def _secret(value: Any) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
+async def _delete_prefix(redis: Any, prefix: str) -> None:
+    """Remove every key of a test prefix (keeps a shared server clean)."""
+    patterns = [f"{prefix}:*", f"{{{prefix}:*", f"{{{prefix}}}*"]
+    for pattern in patterns:
+        batch = [key async for key in redis.scan_iter(match=pattern, count=1000)]
+        for i in range(0, len(batch), 500):
+            await redis.delete(*batch[i : i + 500])

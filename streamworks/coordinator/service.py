@@ -36,8 +36,14 @@ from streamworks.coordinator.core import (
 )
 from streamworks.coordinator.core.changes import TimerResult
 from streamworks.coordinator.core.model import Topology
-from streamworks.coordinator.core.recovery import fence_after_regression
-from streamworks.coordinator.core.streams import StreamMeta, new_stream, topology_of
+from streamworks.coordinator.core.recovery import empty_group, fence_after_regression
+from streamworks.coordinator.core.streams import (
+    ShardRecord,
+    ShardState,
+    StreamMeta,
+    new_stream,
+    topology_of,
+)
 from streamworks.coordinator.core.tick import tick
 from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store, Terminating
@@ -52,6 +58,7 @@ from streamworks.protocol.control import (
     RoutingResponse,
     RoutingShard,
     ShardGrant,
+    ShardGroupInfo,
     ShardInfo,
     StatusResponse,
     StreamInfo,
@@ -547,13 +554,17 @@ class CoordinatorService:
         leases = await self.store.lease_expiries(group_id)
         return _group_info(loaded.group, leases, loaded.now_ms)
 
-    async def status(self) -> StatusResponse:
+    async def status(self, *, positions: bool = True) -> StatusResponse:
+        """Streams and groups as recorded, with each group's ``pending``/``lag`` per shard
+        (read with ``XINFO``; the coordinator never reads messages themselves, E24)."""
         streams = []
         for name in await self.store.registered_streams():
             try:
-                streams.append(await self.stream_info(name))
+                info = await self.stream_info(name)
             except MetadataUnavailable as e:
                 log.warning("status: %s", e)
+                continue
+            streams.append(await self._with_positions(info) if positions else info)
         groups = []
         for name in await self.store.registered_groups():
             try:
@@ -562,8 +573,127 @@ class CoordinatorService:
                 log.warning("status: %s", e)
         return StatusResponse(streams=streams, groups=groups)
 
+    async def _with_positions(self, info: StreamInfo) -> StreamInfo:
+        shards = [s for s in info.shards if s.state != "RETIRED"]
+        if not shards:
+            return info
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in shards:
+            key = self.keyspace.stream(ShardId.parse(shard.shard))
+            pipe.xlen(key)
+            pipe.xinfo_groups(key)
+        replies = await pipe.execute(raise_on_error=False)
+        out = []
+        for shard in info.shards:
+            if shard.state == "RETIRED":
+                out.append(shard)
+                continue
+            j = shards.index(shard)
+            length, groups = replies[2 * j], replies[2 * j + 1]
+            if isinstance(length, Exception) or isinstance(groups, Exception):
+                out.append(shard)
+                continue
+            out.append(
+                shard.model_copy(
+                    update={
+                        "length": int(length),
+                        "groups": [
+                            ShardGroupInfo(
+                                group=g["name"].decode(),
+                                pending=int(g["pending"]),
+                                lag=None if g["lag"] is None else int(g["lag"]),
+                            )
+                            for g in groups
+                        ],
+                    }
+                )
+            )
+        return info.model_copy(update={"shards": out})
+
+    # -- operator recovery (E21) --------------------------------------------------------
     async def reinitialize(self, request: ReinitializeRequest) -> StatusResponse:
-        raise CoordinatorError("NOT_IMPLEMENTED", "see issue", status=501)
+        """Re-create the metadata of one entity whose metadata was lost.
+
+        Nothing is inferred from member reports, producer caches or the monitoring
+        projection. For a stream, the operator states the shard count: fresh shards
+        are created under a new incarnation, and every shard key of the stream still
+        in Redis is adopted as DRAINING, so its entries are read to the end and it is
+        retired by the normal drain check. For a group, the metadata starts empty with
+        epochs above every epoch found in its owner fences; members rejoin.
+        """
+        if request.kind == "stream":
+            if request.shards is None:
+                raise CoordinatorError(
+                    "INVALID_REQUEST", "re-initialising a stream needs its shard count", status=400
+                )
+            await self._reinitialize_stream(request.name, request.shards)
+        else:
+            await self._reinitialize_group(request.name)
+        return await self.status(positions=False)
+
+    async def _reinitialize_stream(self, name: str, shards: int) -> None:
+        async with self.critical(self.keyspace.stream_mutex(name)):
+            rev = await self.store.stream_revs([name])
+            if rev[name]:
+                raise CoordinatorError(
+                    "CONFLICT",
+                    f"stream {name!r} has metadata; nothing to re-initialise",
+                    status=409,
+                )
+            found = [
+                ShardId.parse(k[k.index(":") + 1 : k.index("}")])
+                for k in await self.store.existing_shard_keys(name)
+            ]
+            first = max((s.incarnation for s in found), default=-1) + 1
+            now = await self.store.now_ms()
+            meta = new_stream(name, shards, now, first_incarnation=first)
+            adopted = [ShardRecord(s.index, s.incarnation, ShardState.DRAINING) for s in found]
+            meta = meta.with_shards(
+                [*meta.shards, *adopted], routing_version=now, layout_version=now
+            )
+            groups = sorted(await self.store.subscribed_groups(name))
+            ids = [ShardId.parse(s) for s in meta.shard_ids(meta.routable())]
+            await provision.create_shards(self.store.scripts, self.keyspace, ids, groups)
+            if await self.store.commit_stream(0, meta) is None:
+                raise Conflict(f"stream {name!r} was written concurrently; retry")
+            log.warning(
+                "operator re-initialised stream %s: %d new shards, %d old shard keys draining",
+                name,
+                shards,
+                len(adopted),
+            )
+
+    async def _reinitialize_group(self, group_id: str) -> None:
+        async with self.critical(self.keyspace.group_mutex(group_id)):
+            if (await self.redis.hget(self.keyspace.group_meta(group_id), "rev")) is not None:
+                # Present (maybe corrupt): the operator deletes it first, deliberately.
+                raw = await self.redis.hget(self.keyspace.group_meta(group_id), "header")
+                if raw is not None:
+                    raise CoordinatorError(
+                        "CONFLICT",
+                        f"group {group_id!r} has metadata; delete the key first if it is corrupt",
+                        status=409,
+                    )
+            floor = await self.store.highest_fence_epoch(group_id)
+            now = await self.store.now_ms()
+            group = empty_group(group_id, floor)
+            await self.redis.delete(self.keyspace.group_meta(group_id))
+            if (
+                await self.store.commit_group(
+                    0,
+                    group,
+                    now_ms=now,
+                    header_changed=True,
+                    changed=(),
+                    removed=(),
+                    lease_ttl_ms=self.config.lease_ttl_ms,
+                )
+                is None
+            ):
+                raise Conflict(f"group {group_id!r} was written concurrently; retry")
+            log.warning(
+                "operator re-initialised group %s: epochs restart above %d", group_id, floor
+            )
 
 
 def _group_info(group: Group, leases: Mapping[str, int], now_ms: int) -> GroupInfo:

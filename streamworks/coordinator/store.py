@@ -333,6 +333,18 @@ class Store:
         pattern = f"{{{self.keyspace.prefix}:{stream}/*}}:stream"
         return sorted([k.decode() async for k in self.redis.scan_iter(match=pattern, count=1000)])
 
+    async def highest_fence_epoch(self, group_id: str) -> int:
+        """The highest grant epoch in any owner fence of ``group_id`` (a SCAN; used when
+        an operator re-initialises a group, so new epochs are above all of them)."""
+        pattern = f"{{{self.keyspace.prefix}:*}}:fence:{group_id}"
+        highest = 0
+        async for key in self.redis.scan_iter(match=pattern, count=1000):
+            value = await self.redis.get(key)
+            if value:
+                with contextlib.suppress(ValueError):
+                    highest = max(highest, int(value.split(b":", 1)[0]))
+        return highest
+
     # -- subscriptions and fences ----------------------------------------------------
     async def subscribed_groups(self, stream: str) -> set[str]:
         raw = await self.redis.smembers(self.keyspace.registry_subscriptions(stream))

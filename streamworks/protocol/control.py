@@ -25,6 +25,7 @@ __all__ = (
     "RoutingResponse",
     "RoutingShard",
     "ShardGrant",
+    "ShardGroupInfo",
     "ShardInfo",
     "StatusResponse",
     "StreamCreateRequest",
@@ -138,9 +139,20 @@ class StreamScaleRequest(_Model):
     shards: int = Field(ge=0, le=4096)
 
 
+class ShardGroupInfo(_Model):
+    """A consumer group's position on one shard (from ``XINFO GROUPS``)."""
+
+    group: str
+    pending: int
+    lag: int | None  # None: Redis cannot compute it (never counted as drained)
+    owner: str | None = None
+
+
 class ShardInfo(_Model):
     shard: str
     state: Literal["ACTIVE", "DRAINING", "RETIRED"]
+    length: int | None = None
+    groups: list[ShardGroupInfo] = Field(default_factory=list)
 
 
 class StreamInfo(_Model):

@@ -95,6 +95,7 @@ class Worker:
         self._stopping = False
         self._stop_requested = anyio.Event()
         self._assignment_scope = anyio.CancelScope()
+        self.stopped = anyio.Event()
         self._changed = anyio.Event()
 
     def __repr__(self) -> str:
@@ -123,6 +124,12 @@ class Worker:
                 tg.cancel_scope.cancel()
         finally:
             self._tg = None
+            self.stopped.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a graceful stop was requested."""
+        return self._stop_requested.is_set()
 
     async def _run_assignment(self, *, task_status: TaskStatus[None]) -> None:
         with self._assignment_scope:

@@ -21,11 +21,13 @@ Balance first, then stickiness:
 Deterministic: no randomness, every tie broken by shard order (the topology's
 order) or sorted member id, never by set iteration order.
 
-Cost is O(P + M log M + previous) for homogeneous groups and
-O(S·M log M + P) for S streams otherwise. Measured on the development machine
-(CPython 3.11): 10,000 members x 10,000 shards takes about 30 ms for a fresh
-assignment and about 45 ms for a sticky reassignment after one member left
-(``tests/unit/test_assignor.py::test_assignor_scales_to_10k_members_and_shards``).
+Cost is O(P + M log M + previous) for homogeneous groups and O(S*M log M + P)
+for S streams otherwise. Measured (CPython 3.11, best of 5, one core): 10,000
+members x 10,000 shards of one stream take 34 ms fresh and 36-37 ms for the sticky
+reassignment after a leave or a join; 10 streams x 1,000 shards over 10,000
+members take 49 ms homogeneous and about 320 ms heterogeneous (random halves).
+``tests/unit/test_assignor.py::test_assignor_scales_to_10k_members_and_shards``
+guards the first case with a generous 1 s bound.
 """
 
 from __future__ import annotations

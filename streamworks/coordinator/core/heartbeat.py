@@ -175,6 +175,8 @@ def heartbeat(
     if request.member_epoch == -1:
         return _leave(edit, request.member_id, now_ms, config)
     if request.member_epoch > edit.group_epoch:
+        # No epoch above the group epoch was ever issued from this metadata, so Redis
+        # lost writes: whatever the answer, issue nothing that could repeat it.
         edit.raise_group_epoch_above(request.member_epoch)
     if request.member_epoch == 0:
         _join(edit, request, now_ms, config)

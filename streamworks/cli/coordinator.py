@@ -1,0 +1,101 @@
+"""``streamworks coordinator`` — one coordinator replica (HTTP API + event loop)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from typing import Any
+
+import anyio
+import click
+import uvicorn
+
+from streamworks.cli.common import (
+    configure_logging,
+    fail,
+    make_settings,
+    redis_options,
+    run_async,
+    safe_url,
+)
+from streamworks.coordinator.http import QuietServer, create_api
+from streamworks.coordinator.service import CoordinatorService
+from streamworks.redis.client import create_redis
+from streamworks.settings import Settings
+
+log = logging.getLogger("streamworks.cli")
+
+
+@click.command()
+@redis_options
+@click.option("--host", help="listen address [env STREAMWORKS_COORDINATOR__HOST]")
+@click.option("--port", type=click.IntRange(0, 65535), help="[env STREAMWORKS_COORDINATOR__PORT]")
+@click.option("--token", help="bearer token required from clients [env STREAMWORKS_TOKEN]")
+@click.option(
+    "--admin-token", help="bearer token for topology changes [env STREAMWORKS_ADMIN_TOKEN]"
+)
+@click.option("--log-level", default="INFO", show_default=True)
+def coordinator(host: str | None, port: int | None, log_level: str, **flags: Any) -> None:
+    """Run one coordinator replica. Run as many as you like against one Redis.
+
+    SIGTERM enters terminating mode: /readyz fails, new critical sections are refused
+    with the retryable COORDINATOR_TERMINATING, in-flight ones finish, then it exits.
+    """
+    configure_logging(log_level)
+    settings = make_settings(**flags)
+    changes = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    if changes:
+        settings = settings.model_copy(
+            update={"coordinator": settings.coordinator.model_copy(update=changes)}
+        )
+    run_async(_run)(settings)
+
+
+async def _run(settings: Settings) -> None:
+    redis = create_redis(settings)
+    try:
+        try:
+            await redis.ping()
+        except Exception as e:
+            fail(f"cannot reach Redis at {safe_url(settings.redis_url)}: {e}")
+        host, port = settings.coordinator.host, settings.coordinator.port
+        service = CoordinatorService(redis, settings, replica=f"{socket.gethostname()}:{port}")
+        config = uvicorn.Config(
+            create_api(service),
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+        )
+        server = QuietServer(config)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(service.run_loop)
+            tg.start_soon(_serve, server, tg.cancel_scope)
+            with anyio.fail_after(10):
+                while not server.started and not server.should_exit:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)  # uvicorn exposes no started event
+            if not server.started:
+                fail(f"could not listen on {host}:{port}")
+            log.info(
+                "coordinator listening on http://%s:%d (Redis %s, prefix %r, auth %s)",
+                host,
+                port,
+                safe_url(settings.redis_url),
+                settings.key_prefix,
+                "on" if settings.token else "off",
+            )
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("%s: terminating", signal.Signals(signum).name)
+                    await service.terminate(timeout=settings.coordinator.mutex_ttl * 2)
+                    server.should_exit = True
+                    break
+    finally:
+        await redis.aclose()
+
+
+async def _serve(server: QuietServer, scope: anyio.CancelScope) -> None:
+    await server.serve()
+    scope.cancel()  # the server stopped (signal handled, or it failed to start)

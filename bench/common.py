@@ -240,11 +240,24 @@ async def pending_total(redis: Any, keys: Iterable[str], group: str) -> int:
     return sum(int(reply["pending"]) for reply in await pipe.execute())
 
 
-async def wait_all_acked(redis: Any, keys: Sequence[str], group: str) -> None:
+async def wait_all_acked(
+    redis: Any, keys: Sequence[str], group: str, timeout: float = 60.0
+) -> None:
     """Poll until ``group`` has nothing pending on ``keys`` (used once every message
     was handled, to include the last acks in the time)."""
-    while await pending_total(redis, keys, group):
+    deadline = time.monotonic() + timeout
+    while pending := await pending_total(redis, keys, group):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{pending} entries still pending in {group} after {timeout}s")
         await asyncio.sleep(0.001)
+
+
+async def wait_handled(done: asyncio.Event, count: Callable[[], int], timeout: float) -> None:
+    """Wait for ``done``; on timeout raise with how many messages were handled."""
+    try:
+        await asyncio.wait_for(done.wait(), timeout)
+    except TimeoutError:
+        raise TimeoutError(f"only {count()} messages handled after {timeout}s") from None
 
 
 # -- statistics and output ------------------------------------------------------------------

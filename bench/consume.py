@@ -49,6 +49,8 @@ SLOW_IN_FLIGHT = 64
 #: FastStream / taskiq settings (see README: why these are their fastest correct ones).
 FS_MAX_RECORDS = 100
 TQ_MAX_ASYNC_TASKS = 100
+#: A contestant that has not handled everything after this long reports a failure.
+CHILD_TIMEOUT = 200.0
 
 
 # -- data --------------------------------------------------------------------------------
@@ -285,7 +287,7 @@ async def fs_child(
     await broker.connect()
     start = time.perf_counter()
     await broker.start()
-    await done.wait()
+    await common.wait_handled(done, lambda: handled, CHILD_TIMEOUT)
     await common.wait_all_acked(probe, keys, group)
     elapsed = time.perf_counter() - start
     await broker.stop()
@@ -334,7 +336,7 @@ async def tq_child(
     probe = common.create_client(url)
     start = time.perf_counter()
     listen = asyncio.create_task(receiver.listen(finish))
-    await done.wait()
+    await common.wait_handled(done, lambda: handled, CHILD_TIMEOUT)
     await common.wait_all_acked(probe, keys, group)
     elapsed = time.perf_counter() - start
     finish.set()

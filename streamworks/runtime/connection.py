@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from streamworks.app import App
 
 __all__ = ("Connection", "create_producer", "open_connection")
+
+log = logging.getLogger("streamworks.connection")
 
 
 @dataclass(slots=True)
@@ -62,6 +65,7 @@ async def open_connection(
     coordinator: Any = None,
     routing: RoutingSource | None = None,
     ensure_streams: bool = True,
+    ensure_timeout: float = 30.0,
     clock: Clock | None = None,
 ) -> AsyncIterator[Connection]:
     """Open (and finally close) a connection for ``app``.
@@ -74,6 +78,8 @@ async def open_connection(
             (refreshed in the background while the connection is open).
         ensure_streams: create the app's declared streams that do not exist yet
             (a declaration never rescales an existing stream).
+        ensure_timeout: how long to keep retrying while the coordinator is not
+            reachable yet (processes often start before it); then the error is raised.
     """
     from streamworks.coordinator.client import CoordinatorClient
     from streamworks.coordinator.routing import LeasedRouting
@@ -95,7 +101,7 @@ async def open_connection(
             routing = leased = LeasedRouting(coordinator, clock=clock)
         if ensure_streams:
             for spec in app.streams.values():
-                await coordinator.ensure_stream(spec.name, spec.shards)
+                await _ensure_stream(coordinator, spec.name, spec.shards, ensure_timeout)
         producer = create_producer(app, settings, client, scripts, routing)
         connection = Connection(settings, client, scripts, keyspace, routing, producer, coordinator)
         async with anyio.create_task_group() as tg:
@@ -108,3 +114,20 @@ async def open_connection(
             await coordinator.aclose()
         if own_redis:
             await client.aclose()
+
+
+async def _ensure_stream(coordinator: Any, name: str, shards: int, timeout: float) -> None:
+    from streamworks.exceptions import CoordinatorError
+
+    deadline = anyio.current_time() + timeout
+    delay = 0.1
+    while True:
+        try:
+            await coordinator.ensure_stream(name, shards)
+            return
+        except CoordinatorError as e:
+            if not e.retryable or anyio.current_time() + delay > deadline:
+                raise
+            log.warning("coordinator not ready (%s); retrying in %.1fs", e.code, delay)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 2.0)

@@ -85,10 +85,11 @@ def create_api(service: CoordinatorService) -> FastAPI:
         ):
             raise CoordinatorError("UNAUTHORIZED", "missing or wrong bearer token", status=401)
 
-    def member_auth(request: Request) -> None:
+    # Async dependencies: FastAPI would run plain functions in a worker thread.
+    async def member_auth(request: Request) -> None:
         _check(request, token)
 
-    def admin_auth(request: Request) -> None:
+    async def admin_auth(request: Request) -> None:
         _check(request, admin_token)
 
     member = [Depends(member_auth)]
@@ -106,7 +107,15 @@ def create_api(service: CoordinatorService) -> FastAPI:
         return _error(exc.code, exc.message, exc.status or 500, exc.retryable)
 
     @api.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI decodes a JSON body before it runs the route's dependencies, so an
+        # unparsable body would be answered before the token is checked: check it here
+        # too, so an unauthenticated caller learns nothing about the API but 401.
+        for dependency in getattr(request.scope.get("route"), "dependencies", ()):
+            try:
+                dependency.dependency(request)
+            except CoordinatorError as e:
+                return _error(e.code, e.message, e.status or 401, e.retryable)
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}"
             for e in exc.errors()[:5]

@@ -114,6 +114,10 @@ class CoordinatorService:
         self.terminating = False
         self._inflight = 0
         self._drained = anyio.Event()
+        self._local_locks: dict[str, anyio.Lock] = {}
+        self._subscribed: set[tuple[str, str]] = set()  # (stream, group) known to exist
+        self._streams_cache: dict[tuple[str, int], frozenset[str]] = {}
+        self._topology_cache: dict[tuple[tuple[str, int], ...], Topology] = {}
         # Last Redis time seen and the monotonic time it was seen at: the fast path's
         # estimate of Redis time.
         self._clock: tuple[int, float] = (0, 0.0)
@@ -121,18 +125,27 @@ class CoordinatorService:
     # -- the write discipline -----------------------------------------------------------
     @contextlib.asynccontextmanager
     async def critical(self, mutex_key: str) -> AsyncIterator[None]:
-        """A critical section on ``mutex_key``: gate, mutex, shielded body, release."""
+        """A critical section on ``mutex_key``: gate, mutex, shielded body, release.
+
+        Requests for the same key queue on a local lock first, so a burst (a fleet of
+        workers joining at once) takes the Redis mutex one at a time instead of all
+        polling it; the Redis mutex then only arbitrates between replicas.
+        """
         if self.terminating:
             raise Terminating()
-        self._inflight += 1
-        try:
-            with anyio.CancelScope(shield=True):
-                async with self.store.mutex(mutex_key):
-                    yield
-        finally:
-            self._inflight -= 1
-            if self.terminating and self._inflight == 0:
-                self._drained.set()
+        lock = self._local_locks.setdefault(mutex_key, anyio.Lock())
+        async with lock:
+            if self.terminating:
+                raise Terminating()  # still before the gate: nothing started
+            self._inflight += 1
+            try:
+                with anyio.CancelScope(shield=True):
+                    async with self.store.mutex(mutex_key):
+                        yield
+            finally:
+                self._inflight -= 1
+                if self.terminating and self._inflight == 0:
+                    self._drained.set()
 
     async def terminate(self, timeout: float = 10.0) -> None:
         """Enter terminating mode (E4) and wait for in-flight critical sections."""
@@ -192,7 +205,9 @@ class CoordinatorService:
         member = group.members.get(request.member_id)
         if member is None or not member.is_live:
             return None
-        streams = self._streams_of(group, request)
+        streams = self._group_streams(group_id, rev, group)
+        if request.subscriptions is not None and not request.subscriptions <= streams:
+            return None
         metas: dict[str, StreamMeta] = {}
         stream_revs: dict[str, int] = {}
         for name in streams:
@@ -202,7 +217,8 @@ class CoordinatorService:
             stream_revs[name], metas[name] = entry
         # Decide on the cached state with an estimate of Redis time; only a decision
         # that changes nothing is used, and only if the revisions are still current.
-        result = heartbeat(group, topology_of(metas), request, self._estimated_now(), self.config)
+        topology = self._topology_of(stream_revs, metas)
+        result = heartbeat(group, topology, request, self._estimated_now(), self.config)
         if not result.is_noop or result.status.value != HeartbeatStatus.OK.value:
             return None
         renewed, now_ms = await self.store.renew_lease(
@@ -218,6 +234,28 @@ class CoordinatorService:
         if not redis_ms:
             redis_ms, at = int(time.time() * 1000), time.monotonic()
         return redis_ms + int((time.monotonic() - at) * 1000) + self.clock.offset_ms
+
+    def _group_streams(self, group_id: str, rev: int, group: Group) -> frozenset[str]:
+        """Streams the group's live members subscribe to (cached per group revision)."""
+        key = (group_id, rev)
+        cached = self._streams_cache.get(key)
+        if cached is None:
+            cached = frozenset(_subscriptions(group.members.values()))
+            if len(self._streams_cache) > 1024:
+                self._streams_cache.clear()
+            self._streams_cache[key] = cached
+        return cached
+
+    def _topology_of(self, revs: Mapping[str, int], metas: Mapping[str, StreamMeta]) -> Topology:
+        """The core's topology of these streams (cached per stream revisions)."""
+        key = tuple(sorted(revs.items()))
+        cached = self._topology_cache.get(key)
+        if cached is None:
+            cached = topology_of(metas)
+            if len(self._topology_cache) > 1024:
+                self._topology_cache.clear()
+            self._topology_cache[key] = cached
+        return cached
 
     @staticmethod
     def _streams_of(group: Group, request: HeartbeatInput) -> set[str]:
@@ -339,7 +377,10 @@ class CoordinatorService:
         """Before any shard of a stream is granted to a group, the group's Redis
         consumer group exists on every assignable shard of it (PROTOCOL §4)."""
         for name, meta in metas.items():
+            if (name, group_id) in self._subscribed:
+                continue
             if group_id in await self.store.subscribed_groups(name):
+                self._subscribed.add((name, group_id))
                 continue
             shards = [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
             missing = await provision.create_group(
@@ -348,6 +389,7 @@ class CoordinatorService:
             if missing:
                 log.error("stream %s: shard keys missing for %s", name, [str(s) for s in missing])
             await self.store.record_subscription(name, group_id)
+            self._subscribed.add((name, group_id))
             log.info("group %s subscribed to %s: consumer groups created", group_id, name)
 
     def _response(self, result: HeartbeatResult, member_id: str) -> HeartbeatResponse:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.asyncio import Redis, RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -29,9 +29,15 @@ RedisClient = Redis | RedisCluster
 _TIMEOUT_MARGIN = 5.0
 
 
-def create_redis(settings: Settings, *, max_connections: int | None = None) -> Any:
+def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
     """Create an asyncio client for ``settings.redis_url`` (``redis://``, ``rediss://``,
-    ``unix://``); a cluster client when ``settings.redis_cluster`` is set."""
+    ``unix://``); a cluster client when ``settings.redis_cluster`` is set.
+
+    The pool *waits* for a free connection instead of failing when all are in use
+    (redis-py's default pool raises at 100). A worker holds one connection per idle
+    shard it owns (the blocking wait for new entries); connections are opened lazily,
+    so a large limit costs nothing until used.
+    """
     options: dict[str, Any] = {
         "socket_timeout": settings.worker.block + _TIMEOUT_MARGIN,
         "socket_connect_timeout": 5.0,
@@ -39,9 +45,12 @@ def create_redis(settings: Settings, *, max_connections: int | None = None) -> A
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 30,
     }
-    if max_connections is not None:
-        options["max_connections"] = max_connections
     if settings.redis_cluster:
         options.pop("health_check_interval")
-        return RedisCluster.from_url(settings.redis_url, **options)
-    return Redis.from_url(settings.redis_url, **options)
+        return RedisCluster.from_url(
+            settings.redis_url, max_connections=max_connections, **options
+        )
+    pool = BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=max_connections, timeout=10, **options
+    )
+    return Redis(connection_pool=pool)

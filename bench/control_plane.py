@@ -1,0 +1,339 @@
+"""Control-plane benchmarks: failover, join hand-off, heartbeat latency/throughput,
+and target-assignment computation.
+
+Everything runs against a Redis this script starts (embedded Valkey by default) and
+a real coordinator subprocess (`streamworks coordinator`) reached over HTTP:
+
+* **failover** — 2 worker processes of ``bench.apps.noop`` (default settings: 1 s
+  heartbeats, 10 s lease); one is SIGKILLed; time until all its shards are assigned
+  to the survivor. Target: ≤ lease TTL + 1 s.
+* **join hand-off** — simulated members (honest protocol clients) form a stable
+  group; a new member joins; time from its join heartbeat until it holds its whole
+  target. Target: ≤ 2 heartbeat intervals.
+* **heartbeat latency** — N simulated members heartbeating at the configured
+  interval; p50/p99 round trip of no-change heartbeats.
+* **heartbeat throughput** — the same members heartbeating back to back with 32
+  in flight; heartbeats per second of one replica. Target: ≥ 2,000/s.
+* **assignment** — ``assign_uniform`` for 1,000 and 10,000 members × 10,000 shards.
+  Target: ≤ 1 s.
+
+Run: ``python bench/control_plane.py`` (``--quick`` for a short run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from streamworks.coordinator.client import CoordinatorClient
+from streamworks.coordinator.core import Topology, assign_uniform
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse
+from streamworks.testing.embedded import EmbeddedRedis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lean_http import LeanConnection
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Processes:
+    def __init__(self, redis_url: str, port: int, env: dict[str, str]) -> None:
+        self.env = {
+            **os.environ,
+            "STREAMWORKS_REDIS_URL": redis_url,
+            "STREAMWORKS_COORDINATOR_URLS": f"http://127.0.0.1:{port}",
+            "STREAMWORKS_COORDINATOR__PORT": str(port),
+            "PYTHONPATH": str(ROOT),
+            **env,
+        }
+        self.port = port
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamworks", *args, "--log-level", "WARNING"],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(f"/tmp/bench-{args[0]}-{len(self.procs)}.log", "wb"),  # noqa: SIM115
+        )
+        self.procs.append(proc)
+        return proc
+
+    async def ready(self) -> None:
+        async with httpx.AsyncClient() as http:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    if (await http.get(f"http://127.0.0.1:{self.port}/readyz")).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise TimeoutError("coordinator not ready")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+class SimulatedMember:
+    """An honest protocol client: it reports exactly what it was granted and drops
+    revoked shards at once (a worker with nothing in flight)."""
+
+    def __init__(self, client: CoordinatorClient, group: str, streams: list[str]) -> None:
+        self.client = client
+        self.group = group
+        self.streams = streams
+        self.member_id = uuid.uuid4().hex
+        self.epoch = 0
+        self.owned: set[str] = set()
+        self.last: HeartbeatResponse | None = None
+        self.retries = 0
+
+    async def heartbeat(self) -> HeartbeatResponse:
+        request = HeartbeatRequest(
+            member_id=self.member_id,
+            member_epoch=self.epoch,
+            metadata_version=self.last.metadata_version if self.last else 0,
+            subscriptions=self.streams if self.epoch == 0 else None,
+            owned_shards=sorted(self.owned) if self.epoch else [],
+        )
+        for attempt in range(10):
+            try:
+                response = await self.client.heartbeat(self.group, request)
+                break
+            except CoordinatorError as e:
+                if not e.retryable or attempt == 9:
+                    raise
+                self.retries += 1
+                await asyncio.sleep(0.05 * (attempt + 1))
+        self.last = response
+        if response.status in ("FENCED", "UNKNOWN_MEMBER"):
+            self.epoch = 0
+            self.owned = set()
+        else:
+            self.epoch = response.member_epoch
+            self.owned = {g.shard for g in response.assigned}
+        return response
+
+    @property
+    def settled(self) -> bool:
+        return bool(self.last) and not self.last.pending and not self.last.revoke
+
+
+async def settle(members: list[SimulatedMember], rounds: int = 200) -> None:
+    for _ in range(rounds):
+        await asyncio.gather(*(m.heartbeat() for m in members))
+        if all(m.settled for m in members):
+            return
+    raise RuntimeError("simulated group did not settle")
+
+
+async def bench_failover(redis_url: str, runs: int) -> dict[str, Any]:
+    times = []
+    for _ in range(runs):
+        port = free_port()
+        procs = Processes(redis_url, port, {"STREAMWORKS_KEY_PREFIX": f"fo{uuid.uuid4().hex[:6]}"})
+        try:
+            procs.start("coordinator")
+            await procs.ready()
+            workers = [procs.start("worker", "bench.apps.noop:app") for _ in range(2)]
+            async with CoordinatorClient([f"http://127.0.0.1:{port}"]) as client:
+                victim_shards: list[str] = []
+                while True:
+                    try:
+                        group = await client.group("bench")
+                    except CoordinatorError:
+                        await asyncio.sleep(0.05)
+                        continue
+                    live = [m for m in group.members if m.state == "STABLE"]
+                    if group.state == "STABLE" and len(live) == 2 and all(m.assigned for m in live):
+                        by_pid = {m.client.get("pid"): m for m in live}
+                        victim_shards = sorted(by_pid[str(workers[0].pid)].assigned)
+                        break
+                    await asyncio.sleep(0.05)
+                workers[0].send_signal(signal.SIGKILL)
+                killed = time.monotonic()
+                survivor = str(workers[1].pid)
+                while True:
+                    group = await client.group("bench")
+                    owner = {s: m.client.get("pid") for m in group.members for s in m.assigned}
+                    if all(owner.get(s) == survivor for s in victim_shards):
+                        times.append(time.monotonic() - killed)
+                        break
+                    await asyncio.sleep(0.02)
+        finally:
+            procs.stop()
+    return {"failover_s": times, "median_s": statistics.median(times), "lease_ttl_s": 10.0}
+
+
+async def bench_members(redis_url: str, members: int, seconds: float) -> dict[str, Any]:
+    port = free_port()
+    prefix = f"hb{uuid.uuid4().hex[:6]}"
+    procs = Processes(redis_url, port, {"STREAMWORKS_KEY_PREFIX": prefix})
+    result: dict[str, Any] = {"members": members}
+    try:
+        procs.start("coordinator")
+        await procs.ready()
+        async with CoordinatorClient([f"http://127.0.0.1:{port}"], timeout=30) as client:
+            await client.create_stream("events", 256)
+            group = [SimulatedMember(client, "sim", ["events"]) for _ in range(members)]
+            for i in range(0, members, 50):  # join in waves, as a deployment would
+                await asyncio.gather(*(m.heartbeat() for m in group[i : i + 50]))
+            await settle(group)
+            # Join hand-off: a new member's time from join to holding its target.
+            newcomer = SimulatedMember(client, "sim", ["events"])
+            started = time.monotonic()
+            await newcomer.heartbeat()
+            beats = 1
+            interval = newcomer.last.heartbeat_interval_ms / 1000 if newcomer.last else 1.0
+            while not newcomer.settled:
+                # Everyone keeps heartbeating on their schedule; the old owners revoke.
+                await asyncio.gather(*(m.heartbeat() for m in group))
+                await newcomer.heartbeat()
+                beats += 1
+            result["join_handoff_s"] = time.monotonic() - started
+            result["join_handoff_heartbeats"] = beats
+            result["heartbeat_interval_s"] = interval
+            group.append(newcomer)
+            await settle(group)
+            # Latency of steady no-change heartbeats, each member once per interval.
+            latencies: list[float] = []
+            deadline = time.monotonic() + seconds
+
+            async def paced(member: SimulatedMember, offset: float) -> None:
+                await asyncio.sleep(offset)
+                while time.monotonic() < deadline:
+                    t = time.perf_counter()
+                    await member.heartbeat()
+                    latencies.append(time.perf_counter() - t)
+                    await asyncio.sleep(1.0)
+
+            await asyncio.gather(*(paced(m, i / len(group)) for i, m in enumerate(group)))
+            result["latency_p50_ms"] = percentile(latencies, 0.5) * 1000
+            result["latency_p99_ms"] = percentile(latencies, 0.99) * 1000
+            result["latency_samples"] = len(latencies)
+            # Throughput: no-change heartbeats back to back, 16 connections, through
+            # a lean HTTP client so the load generator is not the bottleneck.
+            count = 0
+            deadline = time.monotonic() + seconds
+            bodies = [
+                {
+                    "memberId": m.member_id,
+                    "memberEpoch": m.epoch,
+                    "metadataVersion": m.last.metadata_version if m.last else 0,
+                    "ownedShards": sorted(m.owned),
+                }
+                for m in group
+            ]
+
+            async def hammer(k: int) -> None:
+                nonlocal count
+                conn = LeanConnection("127.0.0.1", port)
+                i = k
+                while time.monotonic() < deadline:
+                    status, body = await conn.post(
+                        "/v1/groups/sim/heartbeat", bodies[i % len(bodies)]
+                    )
+                    if status != 200 or body["status"] != "OK":
+                        raise RuntimeError(f"heartbeat failed: {status} {body}")
+                    count += 1
+                    i += 16
+                await conn.close()
+
+            t0 = time.monotonic()
+            await asyncio.gather(*(hammer(k) for k in range(16)))
+            result["throughput_per_s"] = count / (time.monotonic() - t0)
+    finally:
+        procs.stop()
+    return result
+
+
+def bench_assignment() -> dict[str, Any]:
+    out = {}
+    shards = tuple(f"s/{i}@0" for i in range(10_000))
+    topology = Topology(shards={"s": shards}, versions={"s": 1})
+    for members in (1_000, 10_000):
+        subs = {f"m{i:05d}": frozenset({"s"}) for i in range(members)}
+        times = []
+        previous: dict[str, frozenset[str]] = {}
+        for _ in range(3):
+            t = time.perf_counter()
+            previous = assign_uniform(subs, topology, previous)
+            times.append(time.perf_counter() - t)
+        out[f"{members}x10000_s"] = statistics.median(times)
+    return out
+
+
+async def run(args: argparse.Namespace) -> None:
+    server = EmbeddedRedis().start()
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}"
+    }
+    try:
+        print(f"# {results['machine']}")
+        results["assignment"] = bench_assignment()
+        print(f"assignment: {results['assignment']}")
+        for n in args.members:
+            r = await bench_members(server.url, n, args.seconds)
+            results[f"members_{n}"] = r
+            print(
+                f"{n:5d} members: join hand-off {r['join_handoff_s'] * 1000:.0f} ms "
+                f"({r['join_handoff_heartbeats']} heartbeats; interval {r['heartbeat_interval_s']:.1f} s), "
+                f"heartbeat p50 {r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms, "
+                f"throughput {r['throughput_per_s']:,.0f}/s"
+            )
+        if not args.quick:
+            results["failover"] = await bench_failover(server.url, args.failover_runs)
+            print(f"failover after SIGKILL: {results['failover']}")
+    finally:
+        server.stop()
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "control_plane.json").write_text(json.dumps(results, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--members", type=int, nargs="+", default=[200, 1000])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--failover-runs", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="skip the failover runs")
+    args = parser.parse_args()
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()

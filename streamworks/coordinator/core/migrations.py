@@ -1,0 +1,149 @@
+"""Changing a stream's shard count: the pure decisions of a migration (PROTOCOL §6).
+
+**Scale-out N → M** creates shards ``N…M-1`` under a fresh incarnation (the shell
+creates their keys and every registered group's consumer group *before* committing),
+publishes routing with ``M`` shards, and is done; the new layout makes every
+subscribed group re-assign.
+
+**Scale-in N → M** (M may be 0) marks shards ``M…N-1`` ``DRAINING``: no longer
+routable, still assignable, so their owners keep reading them. Routing is published
+at once with ``M`` shards and a **routing fence** is recorded: Redis time plus the
+routing lease, after which no producer can still hold the old routing. Once the fence
+has passed, each draining shard is checked in Redis (``retire.lua``): every registered
+group present, ``pending == 0``, ``lag == 0`` (``nil`` is *not* drained), nothing after
+``last-delivered-id``; the same script deletes the key atomically when the check
+passes. A retired shard leaves the layout. The migration is complete when nothing is
+draining.
+
+Nothing here waits for a live member: phases advance on time and on Redis evidence
+only, so a migration never sticks because nobody heartbeats (E9, E10), and "no live
+owner" is never taken for "drained" (E11). Messages are never moved (E13).
+
+A scale request while shards still drain is applied at once: the layout changes
+again, new shards get a new incarnation (no key collision), and the draining set
+grows (the fence moves to the later of the two). This is the documented behaviour
+for overlapping requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from enum import StrEnum
+from typing import Any
+
+from streamworks.coordinator.core.streams import ShardRecord, ShardState, StreamMeta
+
+__all__ = (
+    "MigrationPhase",
+    "due_for_drain_check",
+    "migration_phase",
+    "retire_shards",
+    "scale",
+)
+
+
+class MigrationPhase(StrEnum):
+    NONE = "NONE"  # nothing draining
+    FENCING = "FENCING"  # draining shards exist; producers may still hold old routing
+    DRAINING = "DRAINING"  # fence passed: draining shards are checked and retired
+
+
+def scale(meta: StreamMeta, target: int, now_ms: int, routing_lease_ms: int) -> StreamMeta:
+    """Apply a request to have ``target`` routable shards.
+
+    Raises:
+        ValueError: ``target`` is negative, or equals the current routable count.
+    """
+    if target < 0:
+        raise ValueError("a stream cannot have a negative number of shards")
+    active = meta.routable()
+    current = len(active)
+    if target == current:
+        raise ValueError(f"stream {meta.name!r} already has {current} shards")
+    records = list(meta.shards)
+    incarnation = meta.next_incarnation
+    created: list[str] = []
+    draining: list[str] = []
+    if target > current:
+        for index in range(current, target):
+            record = ShardRecord(index, incarnation, ShardState.ACTIVE)
+            records.append(record)
+            created.append(record.shard_id(meta.name))
+        incarnation += 1
+    else:
+        for record in active[target:]:
+            records[records.index(record)] = replace(record, state=ShardState.DRAINING)
+            draining.append(record.shard_id(meta.name))
+    previous = dict(meta.migration or {})
+    fence = int(previous.get("routing_fence_ms", 0))
+    if draining:
+        fence = max(fence, now_ms + routing_lease_ms)
+    migration: dict[str, Any] = {
+        "id": int(previous.get("id", 0)) + 1,
+        "from": current,
+        "to": target,
+        "started_ms": now_ms,
+        "routing_fence_ms": fence,
+        "draining": sorted(set(previous.get("draining", [])) | set(draining)),
+        "retired": list(previous.get("retired", [])),
+        "created": created,
+    }
+    updated = meta.with_shards(
+        records,
+        next_incarnation=incarnation,
+        routing_version=meta.routing_version + 1,
+        layout_version=meta.layout_version + (1 if created else 0),
+        migration=migration,
+    )
+    return _settle(updated)
+
+
+def migration_phase(meta: StreamMeta, now_ms: int) -> MigrationPhase:
+    """The phase of the stream's migration at ``now_ms``."""
+    if not any(s.state is ShardState.DRAINING for s in meta.shards):
+        return MigrationPhase.NONE
+    fence = int((meta.migration or {}).get("routing_fence_ms", 0))
+    return MigrationPhase.FENCING if now_ms < fence else MigrationPhase.DRAINING
+
+
+def due_for_drain_check(meta: StreamMeta, now_ms: int) -> list[ShardRecord]:
+    """Draining shards to check (and retire if drained) now: all of them once the
+    routing fence has passed, none before."""
+    if migration_phase(meta, now_ms) is not MigrationPhase.DRAINING:
+        return []
+    return [s for s in meta.shards if s.state is ShardState.DRAINING]
+
+
+def retire_shards(meta: StreamMeta, shard_ids: Iterable[str], now_ms: int) -> StreamMeta:
+    """Record shards whose keys the drain check deleted: they leave the layout."""
+    retired = set(shard_ids)
+    if not retired:
+        return meta
+    records = []
+    for record in meta.shards:
+        if record.shard_id(meta.name) in retired and record.state is ShardState.DRAINING:
+            record = replace(record, state=ShardState.RETIRED)
+        records.append(record)
+    migration = dict(meta.migration or {})
+    migration["retired"] = sorted(set(migration.get("retired", [])) | retired)
+    migration["draining"] = sorted(set(migration.get("draining", [])) - retired)
+    updated = meta.with_shards(records, layout_version=meta.layout_version + 1, migration=migration)
+    return _settle(updated, now_ms)
+
+
+def _settle(meta: StreamMeta, now_ms: int | None = None) -> StreamMeta:
+    """Close the migration record once nothing drains (kept as the last migration)."""
+    migration = dict(meta.migration or {})
+    if not migration:
+        return meta
+    if any(s.state is ShardState.DRAINING for s in meta.shards):
+        migration["phase"] = "ACTIVE"
+        migration.pop("completed_ms", None)
+    else:
+        migration["phase"] = "COMPLETE"
+        if now_ms is not None:
+            migration["completed_ms"] = now_ms
+        elif "completed_ms" not in migration:
+            migration["completed_ms"] = migration.get("started_ms")
+    return replace(meta, migration=migration)

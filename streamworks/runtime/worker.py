@@ -91,6 +91,7 @@ class Worker:
         self.readers: dict[ShardId, ShardReader] = {}
         self.revoking: set[ShardId] = set()
         self.fenced: set[ShardId] = set()
+        self.retired: set[ShardId] = set()
         self._tg: TaskGroup | None = None
         self._stopping = False
         self._stop_requested = anyio.Event()
@@ -176,6 +177,8 @@ class Worker:
         if self._stopping:
             return
         for shard, token in grants.items():
+            if shard in self.retired:
+                continue
             self.fenced.discard(shard)
             reader = self.readers.get(shard)
             if reader is not None and reader.token == token and reader.accepting:
@@ -242,6 +245,10 @@ class Worker:
         """Called by a reader that stopped (drained, fenced, retired, ...)."""
         if reader.stop_reason == ReaderState.FENCED:
             self.fenced.add(reader.shard)
+        elif reader.stop_reason == ReaderState.RETIRED:
+            # A shard id is never re-created (incarnations only grow): never read it
+            # again, even if a heartbeat answered before its retirement lists it.
+            self.retired.add(reader.shard)
 
     async def wait_changed(self) -> None:
         """Wait until a reader finished (a drain completed, a shard was dropped)."""

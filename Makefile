@@ -30,8 +30,9 @@ format: venv
 	$(VENV)/bin/ruff check --fix streamworks tests bench examples
 	$(VENV)/bin/ruff format streamworks tests bench examples
 
-bench: venv ## throughput against raw redis-py, in one run
-	$(PY) bench/throughput.py
+bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt
+	$(PY) bench/run_all.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

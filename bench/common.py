@@ -137,12 +137,25 @@ def machine_line(info: dict[str, Any]) -> str:
 
 # -- contestants in their own process ---------------------------------------------------
 def _child_entry(target: str, kwargs: dict[str, Any], conn: Any, use_uvloop: bool) -> None:
+    """Run the contestant, send back its result, and leave at once.
+
+    The process exits with ``os._exit`` right after the result is sent: whatever a
+    framework left running (a listener that ignores cancellation, a pool being
+    closed) cannot keep the process alive or delay the next contestant.
+    """
     logging.basicConfig(level=logging.WARNING)
     try:
         module_name, func_name = target.split(":")
         fn = getattr(importlib.import_module(module_name), func_name)
         if inspect.iscoroutinefunction(fn):
-            result = run_async(fn(**kwargs), use_uvloop)
+            if use_uvloop and have_uvloop():
+                import uvloop
+
+                loop = uvloop.new_event_loop()
+            else:
+                loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            result = loop.run_until_complete(fn(**kwargs))
         else:
             result = fn(**kwargs)
         conn.send(("ok", result))
@@ -150,6 +163,9 @@ def _child_entry(target: str, kwargs: dict[str, Any], conn: Any, use_uvloop: boo
         conn.send(("error", traceback.format_exc()))
     finally:
         conn.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 class ChildError(RuntimeError):
@@ -176,7 +192,8 @@ class Child:
             try:
                 status, value = self._recv.recv()
             except EOFError:
-                raise ChildError(f"{self.target} died (exit code {self.process.exitcode})") from None
+                code = self.process.exitcode
+                raise ChildError(f"{self.target} died (exit code {code})") from None
             if status != "ok":
                 raise ChildError(f"{self.target} failed:\n{value}")
             return value

@@ -41,14 +41,31 @@ import common
 from common import KEYS, PAYLOAD, PREFIX, SHARDS, Suite
 
 #: Contestants of the no-op run, in round order (reversed on odd rounds).
-NOOP = ("raw-100", "raw-500", "streamworks", "faststream", "taskiq")
+NOOP = ("raw-100", "raw-500", "streamworks", "faststream-100", "faststream-500", "taskiq")
 #: Contestants of the 1 ms run.
 SLOW = ("sequential", "streamworks", "faststream", "taskiq")
 #: Messages in flight for the 1 ms run: streamworks' default handler concurrency.
 SLOW_IN_FLIGHT = 64
 #: FastStream / taskiq settings (see README: why these are their fastest correct ones).
-FS_MAX_RECORDS = 100
+FS_MAX_RECORDS = 100  # per-message subscribers of the 1 ms run read this many per XREADGROUP
 TQ_MAX_ASYNC_TASKS = 100
+#: How each contestant is set up (copied into the JSON results).
+CONFIG = {
+    "raw-N": "one coroutine; XREADGROUP COUNT N per shard in turn; no-op; one XACK per batch",
+    "streamworks": "Worker, default Settings (read_batch 100, read_ahead 2, ack_batch 1000), "
+    "ordering='key', concurrency 64, StaticAssignment of the 8 shards, handler(payload: bytes)",
+    "faststream-N": "8 x StreamSub(shard, group, consumer, batch=True, max_records=N), "
+    "ack_policy=REJECT_ON_ERROR (ack after the handler, one XACK per batch), logger=None, "
+    "handler(body: list[Any])",
+    "faststream (1 ms)": f"8 x StreamSub(shard, group, consumer, max_records={FS_MAX_RECORDS}), "
+    f"max_workers={SLOW_IN_FLIGHT // SHARDS} each (= {SLOW_IN_FLIGHT} in flight), "
+    "ack_policy=REJECT_ON_ERROR (one XACK per message)",
+    "taskiq": "RedisStreamBroker(queue_name=shard 0, additional_streams=shards 1-7, "
+    "xread_count=100) + Receiver(max_async_tasks=100, max_prefetch=0, ack when_saved), "
+    "task noop(payload: dict); one XACK per task",
+    "taskiq (1 ms)": f"same with max_async_tasks={SLOW_IN_FLIGHT}",
+    "sequential": "raw-100 loop awaiting the 1 ms handler for each message in turn",
+}
 #: A contestant that has not handled everything after this long reports a failure.
 CHILD_TIMEOUT = 200.0
 
@@ -233,6 +250,7 @@ async def fs_child(
     total: int,
     sleep: float = 0.0,
     max_workers: int = 1,
+    max_records: int = FS_MAX_RECORDS,
 ) -> dict[str, Any]:
     """FastStream: one Redis stream subscriber per shard key in a consumer group.
 
@@ -261,7 +279,7 @@ async def fs_child(
 
             @broker.subscriber(
                 stream=StreamSub(
-                    key, group=group, consumer="bench", batch=True, max_records=FS_MAX_RECORDS
+                    key, group=group, consumer="bench", batch=True, max_records=max_records
                 ),
                 ack_policy=AckPolicy.REJECT_ON_ERROR,
             )
@@ -274,7 +292,7 @@ async def fs_child(
         else:
 
             @broker.subscriber(
-                stream=StreamSub(key, group=group, consumer="bench", max_records=FS_MAX_RECORDS),
+                stream=StreamSub(key, group=group, consumer="bench", max_records=max_records),
                 ack_policy=AckPolicy.REJECT_ON_ERROR,
                 max_workers=max_workers,
             )
@@ -312,7 +330,7 @@ async def tq_child(
     broker = RedisStreamBroker(
         url,
         queue_name=keys[0],
-        additional_streams={key: ">" for key in keys[1:]},
+        additional_streams=dict.fromkeys(keys[1:], ">"),
         consumer_group_name=group,
         consumer_name="bench",
         xread_count=100,
@@ -339,13 +357,10 @@ async def tq_child(
     await common.wait_handled(done, lambda: handled, CHILD_TIMEOUT)
     await common.wait_all_acked(probe, keys, group)
     elapsed = time.perf_counter() - start
+    # Stop listening; taskiq's Receiver may take a while (or, seen with 1000 async
+    # tasks, forever) to wind down, which is not part of the measurement.
     finish.set()
-    listen.cancel()
-    try:
-        await listen
-    except (asyncio.CancelledError, Exception):  # noqa: S110 - stopping, result is in
-        pass
-    await broker.shutdown()
+    await asyncio.wait([listen], timeout=2)
     await probe.aclose()
     return {"rate": total / elapsed, "elapsed": elapsed, "handled": handled}
 
@@ -368,7 +383,7 @@ async def _round(
         keys = sw_keys(stream)
         shards = [ShardId(stream, i) for i in range(SHARDS)]
         await create_group(Scripts(suite.redis), Keyspace(PREFIX), shards, group, "earliest")
-    elif name == "faststream":
+    elif name.startswith("faststream"):
         keys = fs_keys(stream)
         await common.create_groups(suite.redis, keys, group)
     else:
@@ -378,8 +393,9 @@ async def _round(
         if name.startswith("raw"):
             count = int(name.split("-")[1])
             return suite.child(
-                _target("raw_child"), url=suite.url, keys=keys, group=group, total=total, count=count
-            )
+                _target("raw_child"), url=suite.url, keys=keys, group=group, total=total,
+                count=count,
+            )  # fmt: skip
         if name == "sequential":
             return suite.child(
                 _target("raw_child"),
@@ -395,11 +411,16 @@ async def _round(
                 _target("sw_child"), url=suite.url, group=group, stream=stream, total=total,
                 sleep=sleep,
             )  # fmt: skip
-        if name == "faststream":
-            workers = 1 if not sleep else max(1, SLOW_IN_FLIGHT // SHARDS)
+        if name.startswith("faststream"):
+            # faststream-N: batch subscribers reading N entries per XREADGROUP;
+            # faststream (1 ms run): per-message subscribers with max_workers each.
+            if sleep:
+                workers, records = max(1, SLOW_IN_FLIGHT // SHARDS), FS_MAX_RECORDS
+            else:
+                workers, records = 1, int(name.split("-")[1])
             return suite.child(
                 _target("fs_child"), url=suite.url, keys=keys, group=group, total=total,
-                sleep=sleep, max_workers=workers,
+                sleep=sleep, max_workers=workers, max_records=records,
             )  # fmt: skip
         tasks = TQ_MAX_ASYNC_TASKS if not sleep else SLOW_IN_FLIGHT
         return suite.child(
@@ -410,22 +431,26 @@ async def _round(
         await common.destroy_groups(suite.redis, keys, group)
 
 
-async def prepare(suite: Suite, noop: list[str], slow: list[str], n: int, n_slow: int) -> float:
+def _format(name: str) -> str:
+    """Which entry format (and so which copy of the data) a contestant reads."""
+    if name.startswith("faststream"):
+        return "fs"
+    if name == "taskiq":
+        return "tq"
+    return "sw"
+
+
+async def prepare(suite: Suite, noop: dict[str, int], slow: dict[str, int]) -> float:
+    """Pre-publish, per entry format, as many messages as its contestants consume."""
     start = time.perf_counter()
-    wanted = set(noop) | set(slow)
     preparers = {"sw": prepare_sw, "fs": prepare_fs, "tq": prepare_tq}
-    needs = {
-        "sw": wanted & {"raw-100", "raw-500", "streamworks", "sequential"},
-        "fs": wanted & {"faststream"},
-        "tq": wanted & {"taskiq"},
-    }
-    for fmt, names in needs.items():
-        if not names:
-            continue
-        if set(noop) & names:
-            await preparers[fmt](suite.redis, "orders", n)
-        if set(slow) & names:
-            await preparers[fmt](suite.redis, "slow", n_slow)
+    for stream, counts in (("orders", noop), ("slow", slow)):
+        need: dict[str, int] = {}
+        for name, count in counts.items():
+            fmt = _format(name)
+            need[fmt] = max(need.get(fmt, 0), count)
+        for fmt, count in need.items():
+            await preparers[fmt](suite.redis, stream, count)
     return time.perf_counter() - start
 
 
@@ -433,50 +458,66 @@ async def run_suite(suite: Suite, args: argparse.Namespace) -> dict[str, Any]:
     """Run both consume variants; returns the JSON-able results."""
     n, n_slow, n_seq = args.messages, args.slow_messages, args.sequential_sample
     only = set(args.only.split(",")) if args.only else None
-    noop = [c for c in NOOP if only is None or c in only]
-    slow = [c for c in SLOW if only is None or c in only] if n_slow else []
+    noop = {
+        c: (min(n, args.taskiq_messages) if c == "taskiq" else n)
+        for c in NOOP
+        if only is None or c in only
+    }
+    slow = {
+        c: (min(n_seq, n_slow) if c == "sequential" else n_slow)
+        for c in SLOW
+        if n_slow and (only is None or c in only)
+    }
     payload_len = len(common.payload_bytes())
     print(
         f"# consume: pre-publishing {n:,} messages of {payload_len} bytes on {SHARDS} shards "
-        f"(+ {n_slow:,} for the 1 ms run) per entry format"
+        f"per entry format (taskiq: {noop.get('taskiq', 0):,}), + {n_slow:,} for the 1 ms run"
     )
-    took = await prepare(suite, noop, slow, n, n_slow)
+    took = await prepare(suite, noop, slow)
     print(f"# pre-published in {took:.1f}s")
 
     noop_rates: dict[str, list[float]] = {c: [] for c in noop}
     for r in range(args.rounds):
-        for name in common.alternate(noop, r):
-            res = await _round(suite, name, "orders", n, f"{name}-{r}", 0.0)
+        for name in common.alternate(list(noop), r):
+            res = await _round(suite, name, "orders", noop[name], f"{name}-{r}", 0.0)
             noop_rates[name].append(res["rate"])
-            print(f"consume no-op round {r + 1} {name:12s} {res['rate']:12,.0f} msg/s")
+            print(f"consume no-op round {r + 1} {name:15s} {res['rate']:12,.0f} msg/s")
 
-    slow_rates: dict[str, list[float]] = {c: [] for c in slow}
-    if slow:
-        slow_rates["sequential (computed)"] = []
+    slow_rates: dict[str, list[float]] = {}
+    for c in slow:
+        slow_rates[c] = []
+        if c == "sequential":
+            slow_rates["sequential (computed)"] = []
     for r in range(args.rounds):
-        for name in common.alternate(slow, r):
-            total = min(n_seq, n_slow) if name == "sequential" else n_slow
-            res = await _round(suite, name, "slow", total, f"slow-{name}-{r}", 0.001)
+        for name in common.alternate(list(slow), r):
+            res = await _round(suite, name, "slow", slow[name], f"slow-{name}-{r}", 0.001)
             slow_rates[name].append(res["rate"])
-            print(f"consume 1 ms round {r + 1} {name:12s} {res['rate']:12,.0f} msg/s")
-        if slow:
+            print(f"consume 1 ms round {r + 1} {name:15s} {res['rate']:12,.0f} msg/s")
+        if "sequential" in slow:
             slow_rates["sequential (computed)"].append(1000.0)
+
+    for stream in ("orders", "slow"):  # free the server's memory for the next suites
+        for key in sw_keys(stream) + fs_keys(stream) + tq_keys(stream):
+            await suite.redis.delete(key)
 
     results = {
         "consume_noop": {
-            "messages": n,
+            "messages": noop,
             "baseline": "raw-100",
             "unit": "msg/s",
             "results": common.summarize(noop_rates, "raw-100" if "raw-100" in noop else None),
         },
         "consume_1ms": {
-            "messages": n_slow,
+            "messages": slow,
             "sequential_sample": n_seq,
             "in_flight": SLOW_IN_FLIGHT,
             "baseline": "sequential (computed)",
             "unit": "msg/s",
-            "results": common.summarize(slow_rates, "sequential (computed)" if slow else None),
+            "results": common.summarize(
+                slow_rates, "sequential (computed)" if "sequential" in slow else None
+            ),
         },
+        "consume_config": CONFIG,
     }
     print_results(results)
     return results
@@ -485,25 +526,36 @@ async def run_suite(suite: Suite, args: argparse.Namespace) -> dict[str, Any]:
 def print_results(results: dict[str, Any]) -> None:
     noop = results["consume_noop"]
     common.print_table(
-        f"consume, no-op handler ({noop['messages']:,} msgs, 8 shards; medians)",
-        ["contestant", "msg/s", "× raw-100", "rounds"],
+        "consume, no-op handler (8 shards; medians of alternating rounds)",
+        ["contestant", "messages", "msg/s", "× raw-100", "rounds (msg/s)"],
         [
-            (name, r["median"], r["ratio"], " ".join(f"{x:,.0f}" for x in r["rounds"]))
+            (
+                name,
+                noop["messages"][name],
+                r["median"],
+                r["ratio"],
+                " ".join(f"{x:,.0f}" for x in r["rounds"]),
+            )
             for name, r in noop["results"].items()
         ],
     )
     slow = results["consume_1ms"]
     if slow["results"]:
         common.print_table(
-            f"consume, 1 ms handler ({slow['messages']:,} msgs; {slow['in_flight']} in flight; "
-            "medians)",
-            ["contestant", "msg/s", "× sequential", "rounds"],
+            f"consume, 1 ms handler ({slow['in_flight']} messages in flight; medians)",
+            ["contestant", "messages", "msg/s", "× sequential", "rounds (msg/s)"],
             [
-                (name, r["median"], r["ratio"], " ".join(f"{x:,.0f}" for x in r["rounds"]))
+                (
+                    name,
+                    slow["messages"].get(name),
+                    r["median"],
+                    r["ratio"],
+                    " ".join(f"{x:,.0f}" for x in r["rounds"]),
+                )
                 for name, r in slow["results"].items()
             ],
-            caption=f"sequential = one message after another, measured on "
-            f"{slow['sequential_sample']:,} messages; computed = messages × 1 ms",
+            caption="sequential: one message after another (a raw loop awaiting the 1 ms "
+            "handler per message); computed: exactly 1 ms per message",
         )
 
 
@@ -544,6 +596,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common.add_common_args(p)
     p.add_argument("--messages", type=int, default=200_000, help="no-op run (default 200000)")
+    p.add_argument(
+        "--taskiq-messages",
+        type=int,
+        default=30_000,
+        help="taskiq's no-op run (default 30000: it runs at a few thousand msg/s)",
+    )
     p.add_argument(
         "--slow-messages", type=int, default=20_000, help="1 ms run (default 20000; 0 skips it)"
     )

@@ -39,6 +39,7 @@ from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from streamworks.runtime.assignment import StaticAssignment
 from streamworks.runtime.connection import open_connection
+from streamworks.runtime.routing import StaticRoutingSource
 from streamworks.runtime.worker import Worker
 from streamworks.testing.embedded import EmbeddedRedis
 
@@ -174,7 +175,13 @@ async def run(args: argparse.Namespace) -> None:
 
         app = App("bench-producer", settings=settings)
         app.stream("orders", shards=SHARDS)
-        async with open_connection(app, settings, redis=redis) as conn, app.attached(conn):
+        routing = StaticRoutingSource(keyspace, {"orders": SHARDS})
+        async with (
+            open_connection(
+                app, settings, redis=redis, routing=routing, ensure_streams=False
+            ) as conn,
+            app.attached(conn),
+        ):
             pub_n = args.publish_messages
             for r in range(args.rounds):
                 order = ["raw", "streamworks"] if r % 2 == 0 else ["streamworks", "raw"]

@@ -47,10 +47,8 @@ def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
     }
     if settings.redis_cluster:
         options.pop("health_check_interval")
-        return RedisCluster.from_url(
-            settings.redis_url, max_connections=max_connections, **options
-        )
+        return RedisCluster.from_url(settings.redis_url, max_connections=max_connections, **options)
     pool = BlockingConnectionPool.from_url(
         settings.redis_url, max_connections=max_connections, timeout=10, **options
     )
-    return Redis(connection_pool=pool)
+    return Redis.from_pool(pool)  # the client owns the pool: aclose() closes it

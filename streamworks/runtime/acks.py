@@ -37,6 +37,7 @@ class Acker:
         self._max_batch = max_batch
         self._buffer: dict[ShardReader, list[Message]] = {}
         self._count = 0
+        self._retried: dict[ShardReader, list[bytes]] = {}
         self._wakeup: asyncio.Future[None] | None = None
         self.acked = 0
 
@@ -49,6 +50,8 @@ class Acker:
             self._buffer[reader] = [message]
         else:
             batch.append(message)
+        if message._retry_record:
+            self._retried.setdefault(reader, []).append(message._rid)
         self._count += 1
         wakeup = self._wakeup
         if wakeup is not None and not wakeup.done():
@@ -68,13 +71,14 @@ class Acker:
         """Send everything buffered now and settle it with its readers."""
         while self._buffer:
             batch, self._buffer, self._count = self._buffer, {}, 0
+            retried_by_reader, self._retried = self._retried, {}
             pipe = self._redis.pipeline(transaction=False)
             group = self._group
             for reader, messages in batch.items():
                 for i in range(0, len(messages), self._max_batch):
                     chunk = messages[i : i + self._max_batch]
                     pipe.execute_command("XACK", reader.stream_key, group, *[m._rid for m in chunk])
-                retried = [m._rid for m in messages if m._retry_record]
+                retried = retried_by_reader.get(reader)
                 if retried:
                     pipe.execute_command("HDEL", reader.retry_key, *retried)
             failed = False

@@ -7,14 +7,19 @@ Every message belongs to a *lane* chosen by the ordering mode:
   unkeyed messages run independently;
 * ``none`` — no lanes: every message runs independently.
 
-A fixed set of ``concurrency`` runner tasks takes ready lanes (and independent
-messages) from one queue. A runner runs a lane's messages one after another until
-the lane is empty, so a handler that never suspends costs no task switch at all,
-and the number of tasks never grows with traffic. A message that must wait (a retry
-backoff, a retry record inherited from a crashed member) *parks* its lane: the lane
-keeps its place for the key, later messages of that key queue behind it (SPEC §5:
-a retrying message holds back its shard/key), and a timer puts the lane back in the
-ready queue when it is due. The runner meanwhile moves on to other lanes.
+Only the *head* of a lane is ever runnable: it sits in the ready queue, runs, or
+waits in a timer; the lane's later messages queue behind it (``_busy``) and the
+runner that settles a head goes straight on with the next message of the same lane.
+A lane therefore costs nothing until a second message of the same key arrives while
+the first is still in flight, and a handler that never suspends runs a whole batch
+without a single task switch. A fixed set of ``concurrency`` runner tasks serves the
+ready queue; a runner that takes work while more is ready wakes one more, so
+parallelism grows exactly as far as handlers actually suspend.
+
+A message that must wait (a retry backoff, a retry record inherited from a crashed
+member) *parks*: it stays the head of its lane, later messages of that key wait
+behind it (SPEC §5: a retrying message holds back its shard/key, and only those), and
+a timer puts it back in the ready queue when it is due.
 """
 
 from __future__ import annotations
@@ -32,20 +37,11 @@ from streamworks.runtime.handler import Ordering
 if TYPE_CHECKING:
     from streamworks.runtime.message import Message
 
-__all__ = ("Dispatcher",)
+__all__ = ("Dispatcher", "Outcome")
 
 #: What processing a message tells the dispatcher: None when the message is settled
-#: (acked, dead-lettered or dropped), or the monotonic time at which it must run again.
+#: (acked, dead-lettered or dropped), or the monotonic time at which to run it again.
 Outcome = float | None
-
-
-class _Lane:
-    __slots__ = ("dead", "key", "queue")
-
-    def __init__(self, key: Hashable) -> None:
-        self.key = key
-        self.queue: deque[Message] = deque()
-        self.dead = False
 
 
 class Dispatcher:
@@ -70,76 +66,81 @@ class Dispatcher:
         self._concurrency = concurrency
         self._process = process
         self._drop = drop
-        self._ready: deque[_Lane | Message] = deque()
-        self._lanes: dict[Hashable, _Lane] = {}
+        self._ready: deque[Message] = deque()
+        # lane key -> messages queued behind the lane's head (None: head only).
+        self._busy: dict[Hashable, deque[Message] | None] = {}
         self._idle: deque[asyncio.Future[None]] = deque()
-        self._timers: set[asyncio.TimerHandle] = set()
-        self._parked: set[Message] = set()  # independent messages waiting in a timer
+        self._parked: dict[Message, asyncio.TimerHandle] = {}
+        self._running_now: set[Message] = set()
+        self._quiet: list[asyncio.Future[None]] = []
         self._scope: anyio.CancelScope | None = None
-        self._quiet: list[asyncio.Future[None]] = []  # wait_quiet() callers
         self._waking = 0  # runners woken that have not resumed yet
-        self._running = 0
 
-    # -- feeding -------------------------------------------------------------------
-    def _lane_key(self, message: Message) -> Hashable | None:
-        if self._ordering == "key":
+    @property
+    def running(self) -> int:
+        """Messages whose handler is running now."""
+        return len(self._running_now)
+
+    def _lane(self, message: Message) -> Hashable | None:
+        ordering = self._ordering
+        if ordering == "key":
             return message.key  # None: unkeyed, runs independently
-        if self._ordering == "shard":
+        if ordering == "shard":
             return message.shard
         return None
 
+    # -- feeding -------------------------------------------------------------------
     def submit(self, messages: Iterable[Message]) -> None:
         """Queue messages; they run in order within their lane."""
         ready = self._ready
-        lanes = self._lanes
-        ordered = self._ordering != "none"
-        for message in messages:
-            key = self._lane_key(message) if ordered else None
-            if key is None:
-                ready.append(message)
-                continue
-            lane = lanes.get(key)
-            if lane is None:
-                lane = lanes[key] = _Lane(key)
-                lane.queue.append(message)
-                ready.append(lane)
-            else:
-                lane.queue.append(message)  # the lane is already queued, running or parked
+        if self._ordering == "none":
+            ready.extend(messages)
+        else:
+            busy = self._busy
+            lane_of = self._lane
+            for message in messages:
+                key = lane_of(message)
+                if key is None:
+                    ready.append(message)
+                elif key not in busy:
+                    busy[key] = None  # this message is the lane's head
+                    ready.append(message)
+                else:
+                    queue = busy[key]
+                    if queue is None:
+                        queue = busy[key] = deque()
+                    queue.append(message)
         self._wake()
 
     def _wake(self) -> None:
-        # Wake one idle runner. A runner that takes work while more is ready wakes the
-        # next one (see _runner), so parallelism grows only as fast as handlers
-        # actually suspend: a handler that never suspends costs no wake-ups at all.
         idle = self._idle
-        while idle:
+        while idle and self._ready:
             waiter = idle.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 self._waking += 1
                 return
 
-    def _schedule(self, item: _Lane | Message, due: float) -> None:
-        """Park ``item`` until the monotonic time ``due``."""
-        if not isinstance(item, _Lane):
-            self._parked.add(item)
-        handle: asyncio.TimerHandle
+    def _next_of(self, message: Message) -> Message | None:
+        """The next message of ``message``'s lane (which stays busy), or None (the lane
+        is released)."""
+        key = self._lane(message)
+        if key is None:
+            return None
+        queue = self._busy.get(key)
+        if queue:
+            return queue.popleft()
+        self._busy.pop(key, None)
+        return None
 
+    def _park(self, message: Message, due: float) -> None:
         def fire() -> None:
-            self._timers.discard(handle)
-            if isinstance(item, _Lane):
-                if item.dead:
-                    return
-            elif item not in self._parked:
-                return  # dropped while parked
-            else:
-                self._parked.discard(item)
-            self._ready.append(item)
-            self._wake()
+            if self._parked.pop(message, None) is not None:
+                self._ready.append(message)
+                self._wake()
 
         delay = max(0.0, due - time.monotonic())
-        handle = asyncio.get_running_loop().call_later(delay, fire)
-        self._timers.add(handle)
+        self._parked[message] = asyncio.get_running_loop().call_later(delay, fire)
 
     # -- discarding ------------------------------------------------------------------
     def discard(self, keep: Callable[[Message], bool]) -> int:
@@ -150,30 +151,30 @@ class Dispatcher:
         many were dropped.
         """
         dropped = 0
-        kept_ready = [m for m in self._ready if isinstance(m, _Lane) or keep(m)]
-        for item in self._ready:
-            if not isinstance(item, _Lane) and not keep(item):
-                self._drop(item)
-                dropped += 1
-        self._ready.clear()
-        self._ready.extend(kept_ready)
-        for message in [m for m in self._parked if not keep(m)]:
-            self._parked.discard(message)
-            self._drop(message)
+        for queue in list(self._busy.values()):
+            if queue:
+                kept = [m for m in queue if keep(m)]
+                for message in queue:
+                    if not keep(message):
+                        self._drop(message)
+                        dropped += 1
+                queue.clear()
+                queue.extend(kept)
+        heads = [m for m in self._ready if not keep(m)]
+        if heads:
+            self._ready = deque(m for m in self._ready if keep(m))
+        for message, handle in list(self._parked.items()):
+            if not keep(message):
+                handle.cancel()
+                del self._parked[message]
+                heads.append(message)
+        for head in heads:
+            self._drop(head)
             dropped += 1
-        for key, lane in list(self._lanes.items()):
-            kept: list[Message] = []
-            for message in lane.queue:
-                if message.due == _RUNNING or keep(message):
-                    kept.append(message)
-                else:
-                    self._drop(message)
-                    dropped += 1
-            lane.queue.clear()
-            lane.queue.extend(kept)
-            if not kept:
-                lane.dead = True
-                del self._lanes[key]
+            successor = self._next_of(head)
+            if successor is not None:
+                self._ready.append(successor)  # survived the filter above: kept
+        self._wake()
         return dropped
 
     # -- running ---------------------------------------------------------------------
@@ -189,32 +190,9 @@ class Dispatcher:
                 self._scope = None
                 self._after_cancel()
         finally:
-            for handle in self._timers:
+            for handle in self._parked.values():
                 handle.cancel()
-            self._timers.clear()
-
-    @property
-    def running(self) -> int:
-        """Messages whose handler is running now."""
-        return self._running
-
-    def _started(self) -> None:
-        self._running += 1
-
-    def _finished(self) -> None:
-        self._running -= 1
-        if not self._running and self._quiet:
-            for waiter in self._quiet:
-                if not waiter.done():
-                    waiter.set_result(None)
-            self._quiet.clear()
-
-    async def wait_quiet(self) -> None:
-        """Wait until no handler is running."""
-        while self._running:
-            waiter = asyncio.get_running_loop().create_future()
-            self._quiet.append(waiter)
-            await waiter
+            self._parked.clear()
 
     def cancel_running(self) -> None:
         """Cancel the handlers running now (their messages stay pending in Redis);
@@ -223,24 +201,37 @@ class Dispatcher:
             self._scope.cancel()
 
     def _after_cancel(self) -> None:
-        # The cancelled runners' waiters are gone with them.
+        # The cancelled runners' waiters are gone with them, and the messages they ran
+        # were settled by the processing callback: release or advance their lanes.
         self._idle.clear()
         self._waking = 0
-        # Lanes whose head was running lost their runner: the head was settled by
-        # the processing callback; put the rest of each lane back in line.
-        for key, lane in list(self._lanes.items()):
-            if lane.queue and lane.queue[0].due == _RUNNING:
-                lane.queue.popleft()
-                if lane.queue:
-                    self._ready.append(lane)
-                else:
-                    lane.dead = True
-                    del self._lanes[key]
+        for message in list(self._running_now):
+            self._running_now.discard(message)
+            successor = self._next_of(message)
+            if successor is not None:
+                self._ready.append(successor)
+        self._signal_quiet()
+
+    async def wait_quiet(self) -> None:
+        """Wait until no handler is running."""
+        while self._running_now:
+            waiter = asyncio.get_running_loop().create_future()
+            self._quiet.append(waiter)
+            await waiter
+
+    def _signal_quiet(self) -> None:
+        if not self._running_now and self._quiet:
+            for waiter in self._quiet:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._quiet.clear()
 
     async def _runner(self) -> None:
-        ready = self._ready
         loop = asyncio.get_running_loop()
+        process = self._process
+        running = self._running_now
         while True:
+            ready = self._ready
             if not ready:
                 waiter = loop.create_future()
                 self._idle.append(waiter)
@@ -250,53 +241,22 @@ class Dispatcher:
                     if waiter.done() and not waiter.cancelled():
                         self._waking -= 1
                 continue
-            item = ready.popleft()
+            message: Message | None = ready.popleft()
             if ready and not self._waking:
                 self._wake()
-            if isinstance(item, _Lane):
-                await self._run_lane(item)
-            else:
-                await self._run_one(item)
-
-    async def _run_one(self, message: Message) -> None:
-        if message.due > time.monotonic():
-            self._schedule(message, message.due)
-            return
-        self._started()
-        try:
-            due = await self._process(message)
-        finally:
-            self._finished()
-        if due is not None:
-            message.due = due
-            self._schedule(message, due)
-
-    async def _run_lane(self, lane: _Lane) -> None:
-        if lane.dead:
-            return  # emptied by discard() while it waited in the ready queue
-        queue = lane.queue
-        while True:
-            if not queue:
-                lane.dead = True
-                del self._lanes[lane.key]
-                return
-            message = queue[0]
-            if message.due > time.monotonic():
-                self._schedule(lane, message.due)  # park: the lane keeps its key
-                return
-            message.due = _RUNNING
-            self._started()
-            try:
-                due = await self._process(message)
-            finally:
-                self._finished()
-            if due is not None:
-                message.due = due
-                self._schedule(lane, due)
-                return
-            message.due = 0.0
-            queue.popleft()
-
-
-#: ``Message.due`` while a runner executes the message (never a real time).
-_RUNNING = -1.0
+            while message is not None:
+                if message.due and message.due > time.monotonic():
+                    self._park(message, message.due)
+                    break
+                running.add(message)
+                try:
+                    due = await process(message)
+                finally:
+                    running.discard(message)
+                    if self._quiet and not running:
+                        self._signal_quiet()
+                if due is not None:
+                    message.due = due
+                    self._park(message, due)
+                    break
+                message = self._next_of(message)

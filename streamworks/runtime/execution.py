@@ -81,7 +81,19 @@ class HandlerRuntime:
         self.idempotency = idempotency
         self.statistics = HandlerStatistics()
         self.dead_letter_key = worker.keyspace.dead_letters(worker.group, spec.stream)
-        self.dispatcher = Dispatcher(spec.ordering, spec.concurrency, self.process, self._dropped)
+        simple = (
+            self.plan.is_async
+            and spec.timeout is None
+            and spec.idempotency_key is None
+            and not self.plan.wants_context
+        )
+        self._invoke = _invoker(spec.fn, self.plan.order)
+        self.dispatcher = Dispatcher(
+            spec.ordering,
+            spec.concurrency,
+            self._process_simple if simple else self.process,
+            self._dropped,
+        )
         self._limiter = anyio.CapacityLimiter(spec.concurrency)
         self._claim_ttl = worker.settings.worker.idempotency_claim_ttl
         self._logger = logging.LoggerAdapter(
@@ -94,6 +106,38 @@ class HandlerRuntime:
             reader.settle(message)
 
     # -- the straight line ---------------------------------------------------------------
+    async def _process_simple(self, message: Message) -> Outcome:
+        """:meth:`process` for the common handler: ``async def``, no timeout, no
+        idempotency key, no Context — the same steps with nothing optional."""
+        reader = message._reader
+        assert reader is not None
+        if not reader.accepting:
+            reader.settle(message)
+            return None
+        if message._error is not None:
+            return await self._dead_letter(message, "poison", message._error)
+        decode = self.plan.decode
+        value: Any = None
+        if decode is not None:
+            try:
+                value = decode(message.payload)
+            except DecodeError as e:
+                return await self._dead_letter(message, "poison", str(e))
+        try:
+            await self._invoke(value, message)
+        except Skip:
+            self.statistics.skipped += 1
+        except Retry as signal:
+            return await self._failed(message, signal.reason, signal.delay)
+        except Exception as e:  # the handler's failure, whatever it is
+            return await self._failed(message, f"{type(e).__name__}: {e}", None)
+        except BaseException:
+            reader.settle(message)  # cancelled: the entry stays pending
+            raise
+        self.statistics.handled += 1
+        self.acker.ack(message)
+        return None
+
     async def process(self, message: Message) -> Outcome:
         """Run ``message`` and settle it; return a due time to run it again, or None."""
         reader = message._reader
@@ -268,3 +312,22 @@ class HandlerRuntime:
 
 
 _CLAIMED = object()
+
+
+def _invoker(fn: Any, order: tuple[str, ...]) -> Any:
+    """``(value, message) -> awaitable`` calling ``fn`` with its parameters in order."""
+    if order == ("value",):
+        return lambda value, message: fn(value)
+    if order == ("value", "message"):
+        return lambda value, message: fn(value, message)
+    if order == ("message",):
+        return lambda value, message: fn(message)
+    if order == ("message", "value"):
+        return lambda value, message: fn(message, value)
+    if order == ():
+        return lambda value, message: fn()
+    return lambda value, message: fn(*bind_arguments_static(order, value, message))
+
+
+def bind_arguments_static(order: tuple[str, ...], value: Any, message: Message) -> list[Any]:
+    return [value if kind == "value" else message for kind in order]

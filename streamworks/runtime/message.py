@@ -11,6 +11,9 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from streamworks.exceptions import DecodeError
+from streamworks.protocol.envelope import NO_HEADERS, parse_fields
+
 if TYPE_CHECKING:
     from streamworks.app import App
     from streamworks.runtime.producer import Published
@@ -70,7 +73,7 @@ class Message:
         self.payload = payload
         self.key = key
         self.event_id = event_id
-        self.headers: Mapping[str, str] = headers or {}
+        self.headers: Mapping[str, str] = NO_HEADERS if headers is None else headers
         self.published_at = published_at
         # Runtime bookkeeping.
         self.due = 0.0  # monotonic time before which the message must not run
@@ -79,6 +82,44 @@ class Message:
         self._reader: ShardReader | None = None
         self._fields: list[Any] | None = None  # raw entry fields (kept for the DLQ)
         self._error: str | None = None  # set when the entry is poison
+
+    @classmethod
+    def _from_entry(
+        cls,
+        rid: bytes,
+        stream: str,
+        shard: str,
+        reader: ShardReader,
+        fields: list[Any],
+    ) -> Message:
+        """The reader's constructor: one parse of the raw entry, no validation of
+        arguments that come straight from Redis. An unparseable entry becomes a
+        message carrying its error (a poison message for the DLQ)."""
+        message = cls.__new__(cls)
+        message._rid = rid
+        message.stream = stream
+        message.shard = shard
+        message._reader = reader
+        message._fields = fields
+        message.due = 0.0
+        message._failures = 0
+        message._retry_record = False
+        try:
+            (
+                message.payload,
+                message.key,
+                message.event_id,
+                message.headers,
+                message.published_at,
+            ) = parse_fields(fields)
+            message._error = None
+        except DecodeError as e:
+            message.payload = b""
+            message.key = message.event_id = None
+            message.headers = NO_HEADERS
+            message.published_at = 0
+            message._error = str(e)
+        return message
 
     @property
     def id(self) -> str:

@@ -31,8 +31,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from redis.exceptions import RedisError, ResponseError
 
-from streamworks.exceptions import DecodeError
-from streamworks.protocol.envelope import parse_fields
 from streamworks.protocol.shards import ShardId
 from streamworks.runtime.message import Message
 
@@ -192,38 +190,34 @@ class ShardReader:
 
     # -- handing entries to the dispatcher ------------------------------------------------
     def _deliver(self, entries: list[Any], records: list[Any] | None) -> None:
+        """Hand entries to the dispatcher: new ones from a live read (``records`` is
+        None), or claimed ones from a takeover round, with their retry records."""
         if not entries:
             return
         if not self.worker.lease.valid() or not self.accepting:
-            # Arrived after the lease expired (or we were told to stop): not processed.
+            # Arrived after the lease expired (or we were told to stop): not processed;
+            # the entries stay pending and the next takeover round claims them.
             self.recovering = True
             return
-        messages: list[Message] = []
-        held = self.held
         stream = self.shard.stream
         shard = self.shard_name
-        now_ms = 0
-        for i, (raw_id, raw_fields) in enumerate(entries):
-            entry_id = raw_id.decode()
-            if entry_id in held:
-                continue
-            try:
-                payload, key, event_id, headers, published_at = parse_fields(raw_fields)
-                message = Message(
-                    entry_id, stream, shard, payload, key, event_id, headers, published_at
-                )
-            except DecodeError as e:
-                message = Message(entry_id, stream, shard, b"")
-                message._error = str(e)
-            message._reader = self
-            if records is not None and records[i]:
-                if not now_ms:
-                    now_ms = int(time.time() * 1000)
-                _apply_retry_record(message, records[i], now_ms)
-            message._fields = raw_fields
-            held.add(entry_id)
-            messages.append(message)
+        make = Message._from_entry
+        held = self.held
+        if records is None:
+            # XREADGROUP ">" never hands out an entry twice: no duplicate check.
+            messages = [make(rid, stream, shard, self, fields) for rid, fields in entries]
+        else:
+            messages = []
+            now_ms = int(time.time() * 1000)
+            for (rid, fields), record in zip(entries, records, strict=True):
+                if rid in held:
+                    continue  # already ours, in flight or waiting for a retry
+                message = make(rid, stream, shard, self, fields)
+                if record:
+                    _apply_retry_record(message, record, now_ms)
+                messages.append(message)
         if messages:
+            held.update(m._rid for m in messages)
             self.outstanding += len(messages)
             self._idle.clear()
             self.runtime.dispatcher.submit(messages)

@@ -99,3 +99,18 @@ async def test_unkeyed_messages_run_independently_in_key_mode(
         await rt.wait_idle(timeout=20)
     assert len(probe.log) == 200
     assert probe.max_now > 1
+
+
+async def test_readers_forget_every_settled_message(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    """A reader tracks the ids it has in flight (a takeover round must skip them); once
+    settled they are forgotten, or memory would grow with every message."""
+    app, probe = make_app("key", concurrency=8)
+    async with streamworks_runtime(app, workers=1) as rt:
+        await publish(app, 500, 0, lambda i: f"k{i % 7}")
+        await rt.wait_idle(timeout=20)
+        readers = list(rt.workers[0].readers.values())
+        assert readers
+        assert all(not r.held and r.outstanding == 0 for r in readers)
+    assert len(probe.log) == 500

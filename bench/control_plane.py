@@ -311,7 +311,8 @@ async def run(args: argparse.Namespace) -> None:
             results[f"members_{n}"] = r
             print(
                 f"{n:5d} members: join hand-off {r['join_handoff_s'] * 1000:.0f} ms "
-                f"({r['join_handoff_heartbeats']} heartbeats; interval {r['heartbeat_interval_s']:.1f} s), "
+                f"({r['join_handoff_heartbeats']} heartbeats; "
+                f"interval {r['heartbeat_interval_s']:.1f} s), "
                 f"heartbeat p50 {r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms, "
                 f"throughput {r['throughput_per_s']:,.0f}/s"
             )

@@ -35,6 +35,7 @@ from streamworks.coordinator.core import (
     heartbeat,
 )
 from streamworks.coordinator.core.changes import TimerResult
+from streamworks.coordinator.core.migrations import migration_phase
 from streamworks.coordinator.core.model import Topology
 from streamworks.coordinator.core.recovery import empty_group, fence_after_regression
 from streamworks.coordinator.core.streams import (
@@ -46,6 +47,7 @@ from streamworks.coordinator.core.streams import (
 )
 from streamworks.coordinator.core.tick import tick
 from streamworks.coordinator.metrics import CoordinatorMetrics
+from streamworks.coordinator.resharding import Resharder
 from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store, Terminating
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import (
@@ -115,7 +117,9 @@ class CoordinatorService:
         self._inflight = 0
         self._drained = anyio.Event()
         self._local_locks: dict[str, anyio.Lock] = {}
-        self._subscribed: set[tuple[str, str]] = set()  # (stream, group) known to exist
+        # (stream, group, layout version) whose consumer groups are known to exist.
+        self._subscribed: set[tuple[str, str, int]] = set()
+        self.resharder = Resharder(self)
         self._streams_cache: dict[tuple[str, int], frozenset[str]] = {}
         self._topology_cache: dict[tuple[tuple[str, int], ...], Topology] = {}
         # Last Redis time seen and the monotonic time it was seen at: the fast path's
@@ -279,9 +283,21 @@ class CoordinatorService:
                 names = self._streams_of(group, request)
                 loaded_streams = await self.store.load_streams(names)
                 metas = {n: m for n, (_, m) in loaded_streams.items() if m is not None}
-                await self._ensure_subscriptions(group_id, metas)
                 result = heartbeat(group, topology_of(metas), request, loaded.now_ms, self.config)
+                if not loaded.rev and result.status.value == HeartbeatStatus.UNKNOWN_MEMBER.value:
+                    # A group that does not exist: nothing to write, and in particular no
+                    # group created from what an unknown member reports (E20).
+                    return self._response(result, request.member_id)
+                # Consumer groups are provisioned (and the subscription registered, the
+                # evidence E21 relies on) only for a group that exists in Redis or is
+                # committed now, never for a request that fails validation or a refusal.
+                subscribed = {
+                    n: m
+                    for n, m in metas.items()
+                    if n in _subscriptions(result.group.members.values())
+                }
                 if result.is_noop and loaded.rev:
+                    await self._ensure_subscriptions(group_id, subscribed)
                     if not result.renews_lease:
                         return self._response(result, request.member_id)
                     revs = {n: r for n, (r, _) in loaded_streams.items()}
@@ -308,6 +324,7 @@ class CoordinatorService:
                 if new_rev is None:
                     self.metrics.conflicts.inc()
                     continue
+                await self._ensure_subscriptions(group_id, subscribed)  # before any grant
                 if result.group.target_epoch != group.target_epoch:
                     self.metrics.rebalances.labels(group_id).inc()
                 self._observe(result.group)
@@ -366,7 +383,7 @@ class CoordinatorService:
         registry entry are gone: fail closed (E21)."""
         for stream in subscriptions:
             if group_id in await self.store.subscribed_groups(stream):
-                raise MetadataUnavailable(
+                raise self.store.unavailable(
                     f"group {group_id!r} has consumer groups on stream {stream!r} but no "
                     "metadata: it existed and its metadata was lost; an operator must "
                     "re-initialise it (streamworks admin reinit group)"
@@ -377,10 +394,18 @@ class CoordinatorService:
         """Before any shard of a stream is granted to a group, the group's Redis
         consumer group exists on every assignable shard of it (PROTOCOL §4)."""
         for name, meta in metas.items():
-            if (name, group_id) in self._subscribed:
+            # Per layout version: a scale-out racing a group's first subscription may
+            # have created shards without this group's consumer group; creating it is
+            # idempotent, so each replica checks once per layout.
+            seen = (name, group_id, meta.layout_version)
+            if seen in self._subscribed:
                 continue
             if group_id in await self.store.subscribed_groups(name):
-                self._subscribed.add((name, group_id))
+                shards = [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
+                await provision.create_group(
+                    self.store.scripts, self.keyspace, shards, group_id, "earliest"
+                )
+                self._subscribed.add(seen)
                 continue
             shards = [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
             missing = await provision.create_group(
@@ -389,7 +414,7 @@ class CoordinatorService:
             if missing:
                 log.error("stream %s: shard keys missing for %s", name, [str(s) for s in missing])
             await self.store.record_subscription(name, group_id)
-            self._subscribed.add((name, group_id))
+            self._subscribed.add(seen)
             log.info("group %s subscribed to %s: consumer groups created", group_id, name)
 
     def _response(self, result: HeartbeatResult, member_id: str) -> HeartbeatResponse:
@@ -497,8 +522,8 @@ class CoordinatorService:
             await anyio.sleep(interval)
 
     async def tick_streams(self) -> None:
-        """Advance stream migrations (resharding); nothing to do without one."""
-        return None
+        """Advance stream migrations: check and retire drained shards (resharding)."""
+        await self.resharder.tick()
 
     # -- streams ------------------------------------------------------------------------
     async def ensure_stream(self, name: str, shards: int) -> StreamInfo:
@@ -528,8 +553,8 @@ class CoordinatorService:
                     status=409,
                 )
             leftovers = await self.store.existing_shard_keys(name)
-            if leftovers:
-                raise MetadataUnavailable(
+            if leftovers and not await self._aborted_creation(name, shards, leftovers):
+                raise self.store.unavailable(
                     f"stream {name!r} has shard keys in Redis ({len(leftovers)}) but no "
                     "metadata: it existed and its metadata was lost; an operator must "
                     "re-initialise it (streamworks admin reinit stream)"
@@ -544,10 +569,28 @@ class CoordinatorService:
             log.info("created stream %s with %d shards", name, shards)
             return self._stream_info(meta, created=True)
 
-    async def scale_stream(self, name: str, shards: int) -> StreamInfo:
-        raise CoordinatorError(
-            "NOT_IMPLEMENTED", "live resharding is not available in this version", status=501
+    async def _aborted_creation(self, name: str, shards: int, keys: list[str]) -> bool:
+        """Whether shard keys found without metadata are what a creation of this very
+        layout provisions before its commit, and never received an entry: a replica
+        died between the two (E2), nothing of the stream ever existed. Any other
+        leftover is evidence that the stream existed and its metadata was lost (E21)."""
+        fresh = {self.keyspace.stream(ShardId(name, i, 0)) for i in range(shards)}
+        if not set(keys) <= fresh:
+            return False
+        for key in keys:
+            info = await self.redis.xinfo_stream(key)
+            if int(info.get("entries-added", 1)) != 0:
+                return False
+        log.warning(
+            "stream %s: %d shard keys left by a creation that did not commit; creating it",
+            name,
+            len(keys),
         )
+        return True
+
+    async def scale_stream(self, name: str, shards: int) -> StreamInfo:
+        """Change a stream's shard count live (``resharding.py``)."""
+        return self._stream_info(await self.resharder.scale(name, shards))
 
     async def routing(self, stream: str) -> RoutingResponse:
         _, meta = await self.store.load_stream(stream)
@@ -570,15 +613,26 @@ class CoordinatorService:
         )
 
     def _stream_info(self, meta: StreamMeta, *, created: bool = False) -> StreamInfo:
+        migration: dict[str, object] | None = None
+        if meta.migration is not None:
+            migration = dict(meta.migration)
+            migration.pop("created", None)
+            migration["phase"] = migration_phase(meta, self._estimated_now()).value
+            draining = set(migration.get("draining", []))  # type: ignore[call-overload]
+            blocked = {s: r for s, r in self.resharder.blockers.items() if s in draining}
+            if blocked:
+                migration["blocked"] = blocked
         return StreamInfo(
             name=meta.name,
             shard_count=meta.shard_count,
             routing_version=meta.routing_version,
             protocol=meta.protocol,
             shards=[
-                ShardInfo(shard=s.shard_id(meta.name), state=s.state.value) for s in meta.shards
+                ShardInfo(shard=s.shard_id(meta.name), state=s.state.value)
+                for s in meta.shards
+                if s.state is not ShardState.RETIRED
             ],
-            migration=dict(meta.migration) if meta.migration is not None else None,
+            migration=migration,
             created=created,
         )
 

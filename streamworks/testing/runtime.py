@@ -43,13 +43,14 @@ __all__ = ("DeadLetter", "TestRuntime", "fast_settings")
 
 def fast_settings(base: Settings | None = None, **overrides: Any) -> Settings:
     """Settings with test-speed timers: 50 ms heartbeats, 1 s member leases, 5 s
-    revocation timeout and routing lease, a 50 ms coordinator loop."""
+    revocation timeout, 2 s routing lease (so a scale-in's routing fence passes
+    quickly), a 50 ms coordinator loop."""
     base = base or Settings()
     values: dict[str, Any] = {
         "heartbeat_interval": 0.05,
         "lease_ttl": 1.0,
         "rebalance_timeout": 5.0,
-        "routing_lease": 5.0,
+        "routing_lease": 2.0,
         "stale_member_retention": 30.0,
         "worker": WorkerSettings(
             **{
@@ -294,6 +295,32 @@ class TestRuntime:
         assert self.service is not None
         for group_id in await self.service.store.registered_groups():
             await self.service.tick_group(group_id)
+
+    async def scale(
+        self, stream: str, shards: int, *, wait: bool = True, timeout: float = 30.0
+    ) -> None:
+        """Change ``stream``'s shard count with the real migration (PROTOCOL §6).
+
+        With ``wait`` (default), return once no shard is draining any more and the
+        group's assignment has settled on the new layout. A scale-in completes only
+        when the removed shards are drained, so running workers (or ones started
+        later) must consume them.
+        """
+        assert self.service is not None
+        await self.service.scale_stream(stream, shards)
+        if not wait:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            info = await self.service.stream_info(stream)
+            if not any(s.state == "DRAINING" for s in info.shards):
+                break
+            if time.monotonic() > deadline:
+                blocked = (info.migration or {}).get("blocked")
+                raise TimeoutError(f"{stream}: still draining after {timeout}s: {blocked}")
+            await anyio.sleep(0.02)
+        if self.workers and stream in self.app.handlers:
+            await self.wait_assigned(timeout=max(1.0, deadline - time.monotonic()))
 
     # -- observation ---------------------------------------------------------------------
     async def wait_assigned(self, timeout: float = 10.0) -> None:

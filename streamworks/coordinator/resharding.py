@@ -1,0 +1,150 @@
+"""Live resharding: the shell around ``core/migrations.py`` (PROTOCOL §6).
+
+Two entry points, each a critical section on the stream's mutex (so any replica can
+pick a migration up after a crash, E2):
+
+* :meth:`Resharder.scale` — apply a scale request: create the new shard keys with
+  every registered group's consumer group *before* committing routing that points at
+  them; mark removed shards DRAINING and record the routing fence.
+* :meth:`Resharder.tick` — run by every replica's event loop: once a stream's routing
+  fence has passed, check each draining shard with ``retire.lua`` (which deletes it
+  in the same step when every registered group shows pending 0, lag 0 and nothing
+  undelivered) and record the retired shards.
+
+The coordinator never moves, reads or acknowledges messages here (E13, E24): it only
+asks Redis for evidence and deletes a key that is proven drained.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from streamworks.coordinator import provision
+from streamworks.coordinator.core.migrations import (
+    MigrationPhase,
+    due_for_drain_check,
+    migration_phase,
+    retire_shards,
+    scale,
+)
+from streamworks.coordinator.core.streams import StreamMeta
+from streamworks.coordinator.store import Conflict
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.shards import ShardId
+
+if TYPE_CHECKING:
+    from streamworks.coordinator.service import CoordinatorService
+
+__all__ = ("Resharder",)
+
+log = logging.getLogger("streamworks.coordinator.resharding")
+
+#: Added to the routing lease when computing the routing fence: producers count their
+#: lease from when they asked, on their own clock; this covers clock-rate skew.
+FENCE_MARGIN_MS = 1_000
+
+
+class Resharder:
+    """Migrations of one coordinator replica."""
+
+    def __init__(self, service: CoordinatorService) -> None:
+        self.service = service
+        self.store = service.store
+        self.keyspace = service.keyspace
+        # Why each draining shard is not retired yet (last check, this replica): shown
+        # by `streamworks status` so an operator sees e.g. "lag unknown (nil)".
+        self.blockers: dict[str, str] = {}
+        self._logged: dict[str, float] = {}
+
+    async def scale(self, name: str, shards: int) -> StreamMeta:
+        """Change ``name`` to ``shards`` routable shards (see the module docstring)."""
+        settings = self.service.settings
+        lease_ms = int(settings.routing_lease * 1000) + FENCE_MARGIN_MS
+        async with self.service.critical(self.keyspace.stream_mutex(name)):
+            for _ in range(settings.coordinator.cas_retries):
+                rev, meta = await self.store.load_stream(name)
+                if meta is None:
+                    raise CoordinatorError(
+                        "NOT_FOUND", f"stream {name!r} does not exist", status=404
+                    )
+                now = await self.store.now_ms()
+                try:
+                    updated = scale(meta, shards, now, lease_ms)
+                except ValueError as e:
+                    raise CoordinatorError("INVALID_REQUEST", str(e), status=400) from e
+                created = list((updated.migration or {}).get("created", []))
+                if created:
+                    groups = sorted(await self.store.subscribed_groups(name))
+                    await provision.create_shards(
+                        self.store.scripts,
+                        self.keyspace,
+                        [ShardId.parse(s) for s in created],
+                        groups,
+                    )
+                if await self.store.commit_stream(rev, updated) is None:
+                    continue
+                log.info(
+                    "stream %s: %d -> %d shards (routing v%d)%s",
+                    name,
+                    meta.shard_count,
+                    shards,
+                    updated.routing_version,
+                    f", created {', '.join(created)}" if created else "",
+                )
+                return updated
+        raise Conflict(f"stream {name!r}: lost the compare-and-set repeatedly; retry")
+
+    async def tick(self) -> None:
+        """Advance every stream's migration that is due."""
+        for name in await self.store.registered_streams():
+            _, meta = await self.store.load_stream(name)
+            if meta is None:
+                continue
+            now = await self.store.now_ms()
+            if not due_for_drain_check(meta, now):
+                continue
+            await self._check_and_retire(name)
+
+    async def _check_and_retire(self, name: str) -> None:
+        async with self.service.critical(self.keyspace.stream_mutex(name)):
+            rev, meta = await self.store.load_stream(name)
+            if meta is None:
+                return
+            now = await self.store.now_ms()
+            due = due_for_drain_check(meta, now)
+            if not due:
+                return
+            groups = sorted(await self.store.subscribed_groups(name))
+            retired: list[str] = []
+            for record in due:
+                shard_id = record.shard_id(name)
+                shard = ShardId.parse(shard_id)
+                keys = [self.keyspace.stream(shard)]
+                for group in groups:
+                    keys += [self.keyspace.fence(shard, group), self.keyspace.retries(shard, group)]
+                reply = await self.store.scripts.retire(keys=keys, args=["retire", *groups])
+                if reply[0] in (1, 2):
+                    retired.append(shard_id)
+                    self.blockers.pop(shard_id, None)
+                else:
+                    reason = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+                    self.blockers[shard_id] = reason
+                    self._log_blocked(name, shard_id, reason)
+            if not retired:
+                return
+            updated = retire_shards(meta, retired, now)
+            if await self.store.commit_stream(rev, updated) is None:
+                # Someone else committed first; the keys are gone either way and the
+                # next tick (here or on another replica) records them (script returns 2).
+                return
+            log.info("stream %s: retired %s", name, ", ".join(retired))
+            if migration_phase(updated, now) is MigrationPhase.NONE:
+                log.info("stream %s: migration complete (%d shards)", name, updated.shard_count)
+
+    def _log_blocked(self, name: str, shard: str, reason: str) -> None:
+        last = self._logged.get(shard, 0.0)
+        if time.monotonic() - last > 30:
+            self._logged[shard] = time.monotonic()
+            log.info("stream %s: %s not drained yet: %s", name, shard, reason)

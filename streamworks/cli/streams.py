@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import click
 from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
 from streamworks.cli.client import coordinator_client
 from streamworks.cli.common import coordinator_options, make_settings, run_async
@@ -83,13 +86,77 @@ def show(name: str, as_json: bool, **flags: Any) -> None:
 @streams.command("scale")
 @click.argument("name")
 @click.option("--shards", type=click.IntRange(0, 4096), required=True)
+@click.option("--wait", is_flag=True, help="follow the migration until it completes")
+@click.option("--timeout", type=float, default=None, help="give up waiting after this long (s)")
 @coordinator_options
-def scale(name: str, shards: int, **flags: Any) -> None:
-    """Change a stream's shard count live (admin token)."""
+def scale(name: str, shards: int, wait: bool, timeout: float | None, **flags: Any) -> None:
+    """Change a stream's shard count live (admin token).
+
+    Scale-out is immediate. Scale-in marks the removed shards DRAINING: producers stop
+    routing to them at once, workers read them to the end, and each is retired when
+    Redis shows every group drained it. With --wait, the progress is shown until then.
+    """
 
     async def run(settings: Settings) -> None:
         async with coordinator_client(settings) as client:
             info = await client.scale_stream(name, shards)
-        console.print(f"stream [b]{info.name}[/b]: scaling to {shards} shards: {info.migration}")
+            draining = [s for s in info.shards if s.state == "DRAINING"]
+            console.print(
+                f"stream [b]{name}[/b]: routing now has {info.shard_count} shards "
+                f"(routing v{info.routing_version}); draining: {len(draining)} shards"
+            )
+            if not wait:
+                return
+            await _follow(client, name, timeout)
 
     run_async(run)(make_settings(**flags))
+
+
+async def _follow(client: Any, name: str, timeout: float | None) -> None:
+    """Show the migration's progress until no shard of ``name`` is draining."""
+    started = anyio.current_time()
+    with Live(console=console, refresh_per_second=4) as live:
+        while True:
+            status = await client.status()
+            stream = next((s for s in status.streams if s.name == name), None)
+            if stream is None:
+                raise click.ClickException(f"unknown stream {name!r}")
+            draining = [s for s in stream.shards if s.state == "DRAINING"]
+            live.update(_progress_view(stream, draining, anyio.current_time() - started))
+            if not draining:
+                break
+            if timeout is not None and anyio.current_time() - started > timeout:
+                raise click.ClickException(f"still draining after {timeout:.0f}s")
+            await anyio.sleep(0.5)
+    console.print(f"[green]migration of {name} complete[/] ({stream.shard_count} shards)")
+
+
+def _progress_view(stream: Any, draining: list[Any], elapsed: float) -> Table:
+    migration = stream.migration or {}
+    table = Table(
+        title=(
+            f"{stream.name}: phase {migration.get('phase', 'NONE')}, "
+            f"{len(draining)} shards draining, {elapsed:.0f}s"
+        ),
+        title_justify="left",
+    )
+    table.add_column("draining shard")
+    table.add_column("group")
+    table.add_column("pending", justify="right")
+    table.add_column("lag", justify="right")
+    table.add_column("waiting for")
+    blocked = migration.get("blocked", {})
+    for shard in draining:
+        groups = shard.groups or []
+        if not groups:
+            table.add_row(shard.shard, "-", "-", "-", blocked.get(shard.shard, ""))
+        for i, g in enumerate(groups):
+            lag = "[red]nil (not provable)[/red]" if g.lag is None else str(g.lag)
+            table.add_row(
+                shard.shard if i == 0 else "",
+                g.group,
+                str(g.pending),
+                lag,
+                blocked.get(shard.shard, "") if i == 0 else "",
+            )
+    return table

@@ -192,3 +192,18 @@ async def test_check_becomes_drained_once_the_last_group_catches_up(sh: Shard) -
         await sh.consume(GROUPS[1], 1)
     assert await sh.retire("retire") == [1]
     assert await sh.existing() == {sh.dedup, sh.other_shard}
+
+
+async def test_entries_that_no_group_ever_read_are_not_drained(
+    redis: Any, scripts: Scripts, keyspace: Keyspace
+) -> None:
+    key = keyspace.stream(shard("orders", 3))
+    await redis.execute_command("XGROUP", "CREATE", key, "tmp", "0", "MKSTREAM")
+    await redis.execute_command("XGROUP", "DESTROY", key, "tmp")
+    assert await scripts.retire(keys=[key], args=["retire"]) == [1]  # empty: retired
+    await redis.execute_command("XGROUP", "CREATE", key, "tmp", "0", "MKSTREAM")
+    await redis.execute_command("XGROUP", "DESTROY", key, "tmp")
+    await redis.xadd(key, {"v": "1"})
+    status, reason = await scripts.retire(keys=[key], args=["retire"])
+    assert status == 0 and b"no consumer group" in reason
+    assert await redis.exists(key)

@@ -3,7 +3,9 @@
 -- Drained means, for every group the registry says must exist on the shard: the group
 -- exists, has no pending entries, reports lag == 0 (nil is *not* proven, E12), and no
 -- entry exists after its last-delivered-id. Groups present on the shard but not
--- registered are checked too. When ARGV[1] is 'retire' and the check passes, the shard
+-- registered are checked too. A shard that still holds entries but has no consumer
+-- group at all is not drained either: nobody has read those entries (a group that
+-- subscribes later from the earliest entry would). When ARGV[1] is 'retire' and the check passes, the shard
 -- key and its fences and retry records are deleted in the same script, so a stale
 -- producer's XADD NOMKSTREAM fails from then on (E16). Publish dedup records are left
 -- to expire: they must outlive the shard (E18).
@@ -17,8 +19,13 @@
 --          {1}              drained (and retired when asked)
 --          {0, reason}      not (yet) proven drained
 if redis.call('EXISTS', KEYS[1]) == 0 then return {2} end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then
+  local n = redis.call('XLEN', KEYS[1])
+  if n > 0 then return {0, 'no consumer group has read its ' .. n .. ' entries'} end
+end
 local seen = {}
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+for _, g in ipairs(groups) do
   local f = {}
   for j = 1, #g, 2 do f[g[j]] = g[j + 1] end
   seen[f['name']] = true

@@ -11,9 +11,10 @@ import click
 from rich.console import Console
 
 from streamworks.app import App
-from streamworks.cli.common import configure_logging, load_app, run_async
+from streamworks.cli.common import configure_logging, fail, load_app, make_settings, run_async
 from streamworks.cli.render import status_view
 from streamworks.settings import Settings
+from streamworks.testing.embedded import EmbeddedRedis
 from streamworks.testing.runtime import TestRuntime
 
 console = Console()
@@ -32,14 +33,26 @@ def dev(target: str, workers: int, log_level: str, **_: Any) -> None:
     """
     configure_logging(log_level)
     app = load_app(target)
-    run_async(_run)(app, workers)
-
-
-async def _run(app: App, workers: int) -> None:
+    settings = make_settings()
     console.print(
         f"starting an embedded Redis, a coordinator and {workers} workers of {app.name!r}"
     )
-    async with TestRuntime(app, workers=workers, settings=Settings(), http=True) as rt:
+    # Always a private server: never a Redis named by the environment (such as
+    # STREAMWORKS_TEST_REDIS_URL, which TestRuntime would otherwise pick up).
+    try:
+        server = EmbeddedRedis().start()
+    except (OSError, RuntimeError) as e:
+        fail(f"cannot start an embedded Redis: {e}")
+    try:
+        run_async(_run)(app, workers, settings.with_overrides(redis_url=server.url))
+    finally:
+        server.stop()
+
+
+async def _run(app: App, workers: int, settings: Settings) -> None:
+    async with TestRuntime(
+        app, workers=workers, settings=settings, redis_url=settings.redis_url, http=True
+    ) as rt:
         console.print(f"coordinator: [b]{rt.http_url}[/b]  Redis: [b]{rt.settings.redis_url}[/b]")
         console.print(f"  streamworks status --coordinator {rt.http_url}")
         assert rt.service is not None

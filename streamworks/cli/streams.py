@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 
 from streamworks.cli.client import coordinator_client
-from streamworks.cli.common import coordinator_options, make_settings, run_async
+from streamworks.cli.common import coordinator_options, fail, make_settings, run_async
 from streamworks.cli.render import stream_table
 from streamworks.settings import Settings
 
@@ -74,7 +74,7 @@ def show(name: str, as_json: bool, **flags: Any) -> None:
             status = await client.status()
         matches = [s for s in status.streams if s.name == name]
         if not matches:
-            raise click.ClickException(f"unknown stream {name!r}")
+            fail(f"unknown stream {name!r}")
         if as_json:
             click.echo(matches[0].model_dump_json(by_alias=True))
         else:
@@ -120,13 +120,14 @@ async def _follow(client: Any, name: str, timeout: float | None) -> None:
             status = await client.status()
             stream = next((s for s in status.streams if s.name == name), None)
             if stream is None:
-                raise click.ClickException(f"unknown stream {name!r}")
+                fail(f"unknown stream {name!r}")
+                return
             draining = [s for s in stream.shards if s.state == "DRAINING"]
             live.update(_progress_view(stream, draining, anyio.current_time() - started))
             if not draining:
                 break
             if timeout is not None and anyio.current_time() - started > timeout:
-                raise click.ClickException(f"still draining after {timeout:.0f}s")
+                fail(f"{name}: still draining after {timeout:.0f}s (see the table above)")
             await anyio.sleep(0.5)
     console.print(f"[green]migration of {name} complete[/] ({stream.shard_count} shards)")
 

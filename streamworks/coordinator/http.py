@@ -113,7 +113,7 @@ def create_api(service: CoordinatorService) -> FastAPI:
         # too, so an unauthenticated caller learns nothing about the API but 401.
         for dependency in getattr(request.scope.get("route"), "dependencies", ()):
             try:
-                dependency.dependency(request)
+                await dependency.dependency(request)
             except CoordinatorError as e:
                 return _error(e.code, e.message, e.status or 401, e.retryable)
         problems = "; ".join(

@@ -46,6 +46,9 @@ __all__ = (
 
 log = logging.getLogger("streamworks.coordinator.store")
 
+#: Seconds between two log lines about the same fail-closed problem.
+_REPORT_EVERY = 10.0
+
 
 class MetadataUnavailable(CoordinatorError):
     """Metadata of an entity that existed is missing or undecodable (E21): fail closed."""
@@ -106,6 +109,7 @@ class Store:
         self._mutex_wait = mutex_wait
         self._groups: dict[str, tuple[int, Group]] = {}
         self._streams: dict[str, tuple[int, StreamMeta]] = {}
+        self._reported: dict[str, float] = {}  # fail-closed problem -> last logged
 
     # -- time and mutexes ------------------------------------------------------------
     async def now_ms(self) -> int:
@@ -136,6 +140,17 @@ class Store:
                 if not released:
                     log.warning("mutex %s expired while held (its CAS still protected it)", key)
 
+    def unavailable(self, message: str) -> MetadataUnavailable:
+        """The fail-closed error for ``message`` (E21), logged so an operator sees what
+        is missing: once per problem per 10 s, however many members keep retrying."""
+        now = time.monotonic()
+        if now - self._reported.get(message, -_REPORT_EVERY) >= _REPORT_EVERY:
+            if len(self._reported) > 1000:
+                self._reported.clear()
+            self._reported[message] = now
+            log.error("metadata unavailable, failing closed: %s", message)
+        return MetadataUnavailable(message)
+
     # -- groups ----------------------------------------------------------------------
     def cached_group(self, group_id: str) -> tuple[int, Group] | None:
         return self._groups.get(group_id)
@@ -154,9 +169,15 @@ class Store:
         raw_rev, (seconds, micros) = await pipe.execute()
         now_ms = int(seconds) * 1000 + int(micros) // 1000 + self.clock.offset_ms
         rev = int(raw_rev or 0)
+        if rev == 0 and await self.redis.sismember(self.keyspace.registry_groups(), group_id):
+            # A commit writes the revision and the registry entry in one script: if the
+            # entry is visible now, so is the revision, unless the metadata is gone.
+            # (Reading the revision again closes the race with a group created between
+            # the two reads.)
+            rev = int(await self.redis.hget(key, "rev") or 0)
         if rev == 0:
             if await self.redis.sismember(self.keyspace.registry_groups(), group_id):
-                raise MetadataUnavailable(
+                raise self.unavailable(
                     f"group {group_id!r} is registered but its metadata is missing; "
                     "an operator must re-initialise it (streamworks admin reinit group)"
                 )
@@ -175,7 +196,7 @@ class Store:
             ]
             group = Group.from_header(header, members)
         except (KeyError, ValueError, orjson.JSONDecodeError) as e:
-            raise MetadataUnavailable(f"group {group_id!r} metadata is corrupt: {e}") from e
+            raise self.unavailable(f"group {group_id!r} metadata is corrupt: {e}") from e
         self._groups[group_id] = (rev, group)
         return Loaded(group, rev, now_ms)
 
@@ -284,9 +305,12 @@ class Store:
         revs = await self.stream_revs(names)
         out: dict[str, tuple[int, StreamMeta | None]] = {}
         for name, rev in revs.items():
+            if rev == 0 and await self.redis.sismember(self.keyspace.registry_streams(), name):
+                # Registered: re-read the revision (created between our two reads?).
+                rev = int(await self.redis.hget(self.keyspace.stream_meta(name), "rev") or 0)
             if rev == 0:
                 if await self.redis.sismember(self.keyspace.registry_streams(), name):
-                    raise MetadataUnavailable(
+                    raise self.unavailable(
                         f"stream {name!r} is registered but its metadata is missing; an "
                         "operator must re-initialise it (streamworks admin reinit stream)"
                     )
@@ -301,7 +325,7 @@ class Store:
                 meta = StreamMeta.from_dict(orjson.loads(doc))
                 loaded = (int(raw_rev), meta)
             except (TypeError, ValueError, orjson.JSONDecodeError) as e:
-                raise MetadataUnavailable(f"stream {name!r} metadata is corrupt: {e}") from e
+                raise self.unavailable(f"stream {name!r} metadata is corrupt: {e}") from e
             self._streams[name] = loaded
             out[name] = loaded
         return out

@@ -96,6 +96,7 @@ class HandlerRuntime:
         )
         self._limiter = anyio.CapacityLimiter(spec.concurrency)
         self._claim_ttl = worker.settings.worker.idempotency_claim_ttl
+        self._lease = worker.lease
         self._logger = logging.LoggerAdapter(
             logging.getLogger("streamworks.app"), {"group": worker.group, "stream": spec.stream}
         )
@@ -111,7 +112,10 @@ class HandlerRuntime:
         idempotency key, no Context — the same steps with nothing optional."""
         reader = message._reader
         assert reader is not None
-        if not reader.accepting:
+        if not reader.accepting or not self._lease.valid():
+            # Revoked, or the lease ran out while it was queued (e.g. the process was
+            # paused): never start it; it stays pending for the shard's owner.
+            reader.recovering = True
             reader.settle(message)
             return None
         if message._error is not None:
@@ -142,7 +146,8 @@ class HandlerRuntime:
         """Run ``message`` and settle it; return a due time to run it again, or None."""
         reader = message._reader
         assert reader is not None
-        if not reader.accepting:
+        if not reader.accepting or not self._lease.valid():
+            reader.recovering = True
             reader.settle(message)  # revoked/lease lost while queued: leave it pending
             return None
         if message._error is not None:

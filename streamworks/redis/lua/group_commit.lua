@@ -3,9 +3,11 @@
 -- The group hash holds a `rev` field (storeRevision), a `header` field (JSON) and one
 -- field per member (`m:<member id>`, JSON), so a commit writes only what changed.
 -- The write happens only if `rev` still equals the revision the caller loaded (0 for
--- a group that does not exist yet); it then increments `rev`. In the same script the
--- group is recorded in the registry (so a later loss of its metadata is detected,
--- E21) and member leases are set or removed (expiry = now + TTL).
+-- a group that does not exist yet); it then raises `rev` to max(rev + 1, now), so a
+-- revision is never issued twice even after Redis lost writes (a failover or restore
+-- put an older revision back): replicas cache the group by revision (E19). In the
+-- same script the group is recorded in the registry (so a later loss of its metadata
+-- is detected, E21) and member leases are set or removed (expiry = now + TTL).
 --
 -- KEYS[1]  group metadata hash          KEYS[2]  registry of groups (set)
 -- KEYS[3]  member leases (sorted set: member -> expiry ms)
@@ -48,7 +50,7 @@ for _ = 1, e do
   if score and tonumber(score) > now then return {-2, ARGV[i]} end
   i = i + 1
 end
-local rev = cur + 1
+local rev = math.max(cur + 1, now)
 redis.call('HSET', KEYS[1], 'rev', rev)
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'header', ARGV[3]) end
 if #upserts > 0 then redis.call('HSET', KEYS[1], unpack(upserts)) end

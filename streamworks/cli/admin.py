@@ -54,3 +54,21 @@ def _reinit(request: ReinitializeRequest, flags: dict[str, Any]) -> None:
         click.echo(f"re-initialised {request.kind} {request.name}")
 
     run_async(run)(make_settings(**flags))
+
+
+@admin.command("acl")
+@click.argument("role", type=click.Choice(["worker", "producer", "coordinator"]))
+@click.option("--user", default=None, help="ACL user name (default: streamworks-ROLE)")
+@click.option("--password", default="<password>", show_default=True)
+@click.option("--key-prefix", default=None, help="key namespace [env STREAMWORKS_KEY_PREFIX]")
+def acl(role: str, user: str | None, password: str, key_prefix: str | None) -> None:
+    """Print the least-privilege `ACL SETUSER` command for a role (see docs/security.md)."""
+    from streamworks.redis.acl import setuser_command
+
+    prefix = key_prefix or make_settings().key_prefix
+    words = setuser_command(role, user or f"streamworks-{role}", password, prefix)  # type: ignore[arg-type]
+    click.echo(" ".join(_quote(w) for w in words))
+
+
+def _quote(word: str) -> str:
+    return f"'{word}'" if any(c in word for c in " ()*{}<>|~") else word

@@ -120,6 +120,7 @@ class CoordinatorService:
         # (stream, group, layout version) whose consumer groups are known to exist.
         self._subscribed: set[tuple[str, str, int]] = set()
         self.resharder = Resharder(self)
+        self._loop_warned: dict[str, float] = {}
         self._streams_cache: dict[tuple[str, int], frozenset[str]] = {}
         self._topology_cache: dict[tuple[tuple[str, int], ...], Topology] = {}
         # Last Redis time seen and the monotonic time it was seen at: the fast path's
@@ -510,16 +511,29 @@ class CoordinatorService:
                         break
                     try:
                         await self.tick_group(group_id)
-                    except (MetadataUnavailable, Conflict) as e:
-                        log.warning("loop: group %s: %s", group_id, e.message)
+                    except MetadataUnavailable:
+                        pass  # logged (rate-limited) where it is raised
+                    except Conflict as e:
+                        self._loop_warning(f"group {group_id}: {e.message}")
                 await self.tick_streams()
+            except MetadataUnavailable:
+                pass
             except CoordinatorError as e:
                 if isinstance(e, Terminating):
                     break
-                log.warning("loop: %s", e)
+                self._loop_warning(str(e))
             except (OSError, RedisError) as e:
-                log.warning("loop: Redis unavailable: %s", e)
+                self._loop_warning(f"Redis unavailable: {e}")
             await anyio.sleep(interval)
+
+    def _loop_warning(self, message: str) -> None:
+        """Log a loop problem at most once per 30 s (the loop runs every interval)."""
+        now = time.monotonic()
+        if now - self._loop_warned.get(message, -30.0) >= 30.0:
+            if len(self._loop_warned) > 1000:
+                self._loop_warned.clear()
+            self._loop_warned[message] = now
+            log.warning("loop: %s", message)
 
     async def tick_streams(self) -> None:
         """Advance stream migrations: check and retire drained shards (resharding)."""
@@ -547,7 +561,7 @@ class CoordinatorService:
                 if exist_ok or meta.shard_count == shards:
                     return self._stream_info(meta)
                 raise CoordinatorError(
-                    "CONFLICT",
+                    "ALREADY_EXISTS",
                     f"stream {name!r} exists with {meta.shard_count} shards; "
                     "use `streams scale` to change it",
                     status=409,
@@ -732,7 +746,7 @@ class CoordinatorService:
             rev = await self.store.stream_revs([name])
             if rev[name]:
                 raise CoordinatorError(
-                    "CONFLICT",
+                    "ALREADY_EXISTS",
                     f"stream {name!r} has metadata; nothing to re-initialise",
                     status=409,
                 )
@@ -766,7 +780,7 @@ class CoordinatorService:
                 raw = await self.redis.hget(self.keyspace.group_meta(group_id), "header")
                 if raw is not None:
                     raise CoordinatorError(
-                        "CONFLICT",
+                        "ALREADY_EXISTS",
                         f"group {group_id!r} has metadata; delete the key first if it is corrupt",
                         status=409,
                     )

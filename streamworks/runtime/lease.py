@@ -51,6 +51,12 @@ class Lease:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def recheck(self) -> None:
+        """Wake whoever waits on this lease to look at the clock again (the clock was
+        moved, e.g. ``TestRuntime.advance``)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
     async def wait_changed(self) -> None:
         """Wait for the next renewal or expiry."""
         await self._changed.wait()

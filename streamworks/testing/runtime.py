@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
+from redis.exceptions import ResponseError
 
 from streamworks.app import App
 from streamworks.clock import Clock
@@ -292,6 +293,8 @@ class TestRuntime:
         """Move the coordinator's and workers' clocks forward by ``seconds``: leases,
         revocation deadlines and routing leases come due without waiting."""
         self.clock.advance(seconds)
+        for worker in self.workers:
+            worker.lease.recheck()  # its watchdog sleeps on real time
         assert self.service is not None
         for group_id in await self.service.store.registered_groups():
             await self.service.tick_group(group_id)
@@ -396,7 +399,11 @@ class TestRuntime:
                 if info.state == "RETIRED":
                     continue
                 key = self.keyspace.stream(ShardId.parse(info.shard))
-                for group in await self.redis.xinfo_groups(key):
+                try:
+                    groups = await self.redis.xinfo_groups(key)
+                except ResponseError:
+                    continue  # retired between the two reads: nothing left on it
+                for group in groups:
                     gname = group["name"].decode()
                     if group["pending"] or group["lag"] is None or group["lag"]:
                         left.append(f"{key} {gname}: pending={group['pending']} lag={group['lag']}")

@@ -1,0 +1,330 @@
+"""Membership with real workers: expiry of a silent group (E5), revoke before assign
+(E6), a draining member cut off from the coordinator (E7), and a member dying or stuck
+while draining (E8)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from streamworks import App
+from streamworks.protocol.control import HeartbeatStatus
+from streamworks.protocol.shards import ShardId
+from streamworks.runtime.message import Context
+from streamworks.runtime.worker import Worker
+from streamworks.testing import TestRuntime
+from streamworks.testing.runtime import fast_settings
+from tests.coordinator.harness import CutTransport, beat, keys_per_shard
+from tests.support import wait_for
+
+
+class BlockingApp:
+    """An app on a 2-shard stream whose handler holds messages marked ``block`` until
+    ``release`` is set, and records who handled what."""
+
+    def __init__(self) -> None:
+        self.app = App("g")
+        self.app.stream("orders", shards=2)
+        self.release = anyio.Event()
+        self.started: dict[int, tuple[str, str]] = {}  # n -> (shard, member)
+        self.handled: list[tuple[int, str, str]] = []  # (n, shard, member)
+
+        @self.app.handler("orders", ordering="none", concurrency=8)
+        async def handle(value: dict[str, Any], ctx: Context) -> None:
+            self.started[value["n"]] = (ctx.message.shard, ctx.member_id)
+            if value.get("block"):
+                await self.release.wait()
+            self.handled.append((value["n"], ctx.message.shard, ctx.member_id))
+
+    def handled_by(self, member_id: str, shard: str) -> list[int]:
+        return [n for n, s, m in self.handled if m == member_id and s == shard]
+
+
+async def hold_one_message_per_shard(rt: TestRuntime, blocking: BlockingApp) -> dict[str, str]:
+    """Publish one blocking message to each shard and wait until both are in flight.
+    Returns the shard -> partition key map used."""
+    keys = await keys_per_shard(rt, "orders")
+    for n, key in enumerate(keys.values()):
+        await blocking.app.publish("orders", {"n": n, "block": True}, key=key)
+    await wait_for(lambda: len(blocking.started) == 2, message="both messages in flight")
+    return keys
+
+
+async def revoked_shard(rt: TestRuntime, member_id: str) -> str:
+    """Wait until the coordinator tells ``member_id`` to revoke a shard; return it."""
+    assert rt.service is not None
+    revoking: list[str] = []
+
+    async def told() -> bool:
+        assert rt.service is not None
+        info = await rt.service.group_info("g")
+        member = next(m for m in info.members if m.member_id == member_id)
+        revoking[:] = member.pending_revocation
+        return bool(revoking)
+
+    await wait_for(told, message=f"{member_id[:8]} to be told to revoke")
+    [shard] = revoking
+    return shard
+
+
+async def fence_of(rt: TestRuntime, shard: str) -> str:
+    value = await rt.redis.get(rt.keyspace.fence(ShardId.parse(shard), "g"))
+    return value.decode() if value else ""
+
+
+async def shard_group(rt: TestRuntime, shard: str) -> dict[str, Any]:
+    [info] = await rt.redis.xinfo_groups(rt.keyspace.stream(ShardId.parse(shard)))
+    return dict(info)
+
+
+async def heartbeats_pass(worker: Worker, n: int) -> None:
+    start = worker.assignment.heartbeats
+    await wait_for(lambda: worker.assignment.heartbeats >= start + n, message=f"{n} heartbeats")
+
+
+# -- E5 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.seed("E5")
+async def test_a_group_whose_members_all_stop_heartbeating_expires_then_forgets_them(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    app = App("g")
+    app.stream("orders", shards=4)
+
+    @app.handler("orders")
+    async def handle(value: Any) -> None:
+        return None
+
+    async with streamworks_runtime(app, workers=2) as rt:
+        assert rt.service is not None
+        service = rt.service
+        before = await service.group_info("g")
+        epochs = {m.member_id: m.epoch for m in before.members}
+        owned = {m.member_id: m.assigned for m in before.members}
+        await rt.kill_worker(0)
+        await rt.kill_worker(1)
+        # Nothing changes before the lease runs out...
+        await rt.advance(rt.settings.lease_ttl / 2)
+        assert (await service.group_info("g")).group_epoch == before.group_epoch
+        # ...then the loop expires every member.
+        await rt.advance(rt.settings.lease_ttl / 2 + 0.1)
+        info = await service.group_info("g")
+        assert info.state == "EMPTY"
+        assert {m.member_id: m.state for m in info.members} == dict.fromkeys(epochs, "EXPIRED")
+        assert info.group_epoch > before.group_epoch
+        assert info.metadata_version > before.metadata_version
+        assert info.target_epoch == info.group_epoch  # no target pending: cleared
+        assert all(not (m.assigned or m.target or m.pending_revocation) for m in info.members)
+        assert await rt.redis.zcard(rt.keyspace.group_leases("g")) == 0
+
+        # The records stay: a late heartbeat is told it is unknown, and changes nothing.
+        rev = await rt.redis.hget(rt.keyspace.group_meta("g"), "rev")
+        for member_id, epoch in epochs.items():
+            late = beat(member_id, epoch, owned=owned[member_id], version=before.metadata_version)
+            response = await service.heartbeat("g", late)
+            assert response.status is HeartbeatStatus.UNKNOWN_MEMBER
+            assert not response.assigned
+        assert await rt.redis.hget(rt.keyspace.group_meta("g"), "rev") == rev
+        retention = rt.settings.stale_member_retention
+        await rt.advance(retention - 1)
+        assert len((await service.group_info("g")).members) == 2
+        # After the retention, stale-member cleanup removes them.
+        await rt.advance(1.1)
+        info = await service.group_info("g")
+        assert info.members == [] and info.state == "EMPTY"
+        fields = await rt.redis.hkeys(rt.keyspace.group_meta("g"))
+        assert not [f for f in fields if f.startswith(b"m:")]
+        for member_id, epoch in epochs.items():
+            response = await service.heartbeat("g", beat(member_id, epoch, owned=[]))
+            assert response.status is HeartbeatStatus.UNKNOWN_MEMBER
+
+
+# -- E6 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.seed("E6")
+async def test_a_shard_is_only_pending_for_its_new_owner_until_the_old_one_revoked_it(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    blocking = BlockingApp()
+    settings = fast_settings(rebalance_timeout=60.0)  # the drain may take its time
+    async with streamworks_runtime(blocking.app, workers=1, settings=settings) as rt:
+        assert rt.service is not None
+        w0 = rt.workers[0]
+        keys = await hold_one_message_per_shard(rt, blocking)
+        w1 = await rt.add_worker(wait=False)
+        moving = await revoked_shard(rt, w0.member_id)
+        old_fence = await fence_of(rt, moving)
+        assert old_fence.endswith(f":{w0.member_id}")
+        # While w0 drains (its handler is busy), w1 heartbeats again and again and is
+        # only ever told the shard is pending.
+        await heartbeats_pass(w1, 10)
+        response = w1.assignment.last_response
+        assert response is not None
+        assert moving in response.pending
+        assert moving not in {g.shard for g in response.assigned}
+        info = await rt.service.group_info("g")
+        members = {m.member_id: m for m in info.members}
+        assert members[w0.member_id].pending_revocation == [moving]
+        assert members[w1.member_id].state == "UNRELEASED"
+        assert moving in members[w1.member_id].target
+        assert moving not in members[w1.member_id].assigned
+        assert await fence_of(rt, moving) == old_fence
+        shard = ShardId.parse(moving)
+        assert shard not in w1.readers
+        assert not w0.readers[shard].accepting  # w0 stopped reading; its work runs on
+        # A message published meanwhile waits: nobody reads the shard.
+        await blocking.app.publish("orders", {"n": 10}, key=keys[moving])
+        await heartbeats_pass(w1, 3)
+        assert (await shard_group(rt, moving))["lag"] == 1
+        assert 10 not in blocking.started
+
+        blocking.release.set()  # w0 finishes its in-flight work, acks, reports revoked
+        await wait_for(lambda: 10 in blocking.started, message="the new owner to read")
+        assert blocking.started[10] == (moving, w1.member_id)
+        await rt.wait_idle()
+        new_fence = await fence_of(rt, moving)
+        assert new_fence.endswith(f":{w1.member_id}")
+        assert int(new_fence.split(":")[0]) > int(old_fence.split(":")[0])
+        # Exactly once each: the in-flight message finished on w0, none was redone.
+        assert sorted(n for n, _, _ in blocking.handled) == [0, 1, 10]
+
+
+# -- E7 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.seed("E7")
+async def test_a_draining_member_cut_off_from_the_coordinator_never_resumes_the_shard(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    blocking = BlockingApp()
+    settings = fast_settings(lease_ttl=10.0, rebalance_timeout=60.0)
+    async with streamworks_runtime(blocking.app, workers=0, settings=settings) as rt:
+        local = rt.coordinator
+        link = CutTransport(local)
+        rt.coordinator = link  # w0 reaches the coordinator through a link we can cut
+        w0 = await rt.add_worker()
+        rt.coordinator = local
+        keys = await hold_one_message_per_shard(rt, blocking)
+        w1 = await rt.add_worker(wait=False)
+        moving = await revoked_shard(rt, w0.member_id)
+        shard = ShardId.parse(moving)
+        await wait_for(lambda: shard in w0.revoking, message="w0 to start draining")
+        kept = next(s for s in w0.readers if s != shard)
+
+        link.cut = True  # the coordinator is gone for w0
+        await blocking.app.publish("orders", {"n": 10}, key=keys[moving])
+        await blocking.app.publish("orders", {"n": 11}, key=keys[str(kept)])
+        await wait_for(lambda: len(link.sent_while_cut()) >= 10, message="w0 to keep retrying")
+        # It keeps reporting the shard as revoking, never reads it, and keeps reading
+        # the shard it was not told to give up (its lease is still valid).
+        assert all(moving in r.revoking_shards for r in link.sent_while_cut())
+        assert not w0.readers[shard].accepting
+        await wait_for(lambda: 11 in blocking.started, message="the kept shard to be read")
+        assert 10 not in blocking.started
+        group = await shard_group(rt, moving)
+        assert group["lag"] == 1 and group["pending"] == 1  # only the in-flight message
+        assert ShardId.parse(moving) not in w1.readers  # still pending for w1
+
+        link.cut = False  # back: w0 still drains, and says so
+        restored = len(link.heartbeats)
+        await wait_for(lambda: len(link.heartbeats) >= restored + 5, message="heartbeats")
+        assert all(moving in r.revoking_shards and not cut for cut, r in link.heartbeats[restored:])
+        assert 10 not in blocking.started
+        blocking.release.set()
+        await wait_for(lambda: 10 in blocking.started, message="the new owner to read")
+        await rt.wait_idle()
+        assert blocking.started[10] == (moving, w1.member_id)
+        # After the DRAIN, w0 handled nothing more of that shard: only what was in flight.
+        [in_flight] = [n for n, (s, _) in blocking.started.items() if s == moving and n < 10]
+        assert blocking.handled_by(w0.member_id, moving) == [in_flight]
+        assert shard not in w0.readers
+
+
+# -- E8 ------------------------------------------------------------------------------------
+
+
+@pytest.mark.seed("E8")
+async def test_a_member_dying_while_draining_frees_the_shard_at_lease_expiry(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    blocking = BlockingApp()
+    settings = fast_settings(rebalance_timeout=60.0)
+    async with streamworks_runtime(blocking.app, workers=1, settings=settings) as rt:
+        assert rt.service is not None
+        w0 = rt.workers[0]
+        keys = await hold_one_message_per_shard(rt, blocking)
+        w1 = await rt.add_worker(wait=False)
+        moving = await revoked_shard(rt, w0.member_id)
+        await rt.kill_worker(0)  # dies mid-drain: nothing acked, no leave
+        for n, key in enumerate(keys.values(), start=10):
+            await blocking.app.publish("orders", {"n": n}, key=key)
+        await heartbeats_pass(w1, 5)
+        assert ShardId.parse(moving) not in w1.readers  # blocked until w0 is known gone
+        blocking.release.set()
+
+        async def expired() -> bool:
+            assert rt.service is not None
+            info = await rt.service.group_info("g")
+            return any(m.member_id == w0.member_id and m.state == "EXPIRED" for m in info.members)
+
+        await wait_for(expired, timeout=5, message="w0's lease to expire")  # w1 renews
+        await rt.wait_assigned()
+        info = await rt.service.group_info("g")
+        states = {m.member_id: m.state for m in info.members}
+        assert states == {w0.member_id: "EXPIRED", w1.member_id: "STABLE"}
+        assert set(next(m for m in info.members if m.member_id == w1.member_id).assigned) == set(
+            keys
+        )
+        await rt.wait_idle()
+        # Nothing lost; what w0 had in flight was handled again by w1 (at least once).
+        assert {n for n, _, _ in blocking.handled} == {0, 1, 10, 11}
+        assert {n for n, _, m in blocking.handled if m == w1.member_id} >= {0, 1, 10, 11}
+
+
+@pytest.mark.seed("E8")
+async def test_a_member_stuck_draining_is_fenced_at_the_revocation_deadline(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    blocking = BlockingApp()
+    # Leases far longer than the revocation timeout: only the deadline can free it.
+    settings = fast_settings(lease_ttl=30.0, rebalance_timeout=1.0)
+    async with streamworks_runtime(blocking.app, workers=0, settings=settings) as rt:
+        assert rt.service is not None
+        local = rt.coordinator
+        link = CutTransport(local)
+        link.cut_on = {HeartbeatStatus.FENCED}  # once fenced, w0 loses the coordinator
+        rt.coordinator = link
+        w0 = await rt.add_worker()
+        rt.coordinator = local
+        keys = await hold_one_message_per_shard(rt, blocking)
+        w1 = await rt.add_worker(wait=False)
+        moving = await revoked_shard(rt, w0.member_id)
+        await heartbeats_pass(w1, 3)
+        assert ShardId.parse(moving) not in w1.readers
+        await rt.advance(1.1)  # past the revocation deadline; w0 still heartbeats
+        await wait_for(
+            lambda: any(r.status is HeartbeatStatus.FENCED for r in link.responses),
+            message="w0 to be fenced",
+        )
+        assert await rt.service.store.expired_members("g", await rt.service.store.now_ms()) == []
+
+        async def moved() -> bool:
+            return (await fence_of(rt, moving)).endswith(f":{w1.member_id}")
+
+        await wait_for(moved, message="the shard to reach its target owner")
+        await blocking.app.publish("orders", {"n": 10}, key=keys[moving])
+        await wait_for(lambda: 10 in blocking.started, message="the new owner to read")
+        assert blocking.started[10] == (moving, w1.member_id)
+        info = await rt.service.group_info("g")
+        states = {m.member_id: m.state for m in info.members}
+        assert states == {w0.member_id: "FENCED", w1.member_id: "STABLE"}
+        blocking.release.set()  # w0's stuck handler finally returns
+        link.cut = False  # and w0 rejoins
+        await rt.wait_assigned()
+        await rt.wait_idle()
+        assert {n for n, _, _ in blocking.handled} == {0, 1, 10}

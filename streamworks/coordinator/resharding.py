@@ -30,7 +30,7 @@ from streamworks.coordinator.core.migrations import (
     scale,
 )
 from streamworks.coordinator.core.streams import StreamMeta
-from streamworks.coordinator.store import Conflict
+from streamworks.coordinator.store import Conflict, MetadataUnavailable
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.shards import ShardId
 
@@ -97,15 +97,22 @@ class Resharder:
         raise Conflict(f"stream {name!r}: lost the compare-and-set repeatedly; retry")
 
     async def tick(self) -> None:
-        """Advance every stream's migration that is due."""
+        """Advance every stream's migration that is due. Each stream on its own: one
+        that fails closed (lost metadata, E21) or whose mutex is held does not hold up
+        the others."""
         for name in await self.store.registered_streams():
-            _, meta = await self.store.load_stream(name)
-            if meta is None:
-                continue
-            now = await self.store.now_ms()
-            if not due_for_drain_check(meta, now):
-                continue
-            await self._check_and_retire(name)
+            try:
+                _, meta = await self.store.load_stream(name)
+                if meta is None:
+                    continue
+                now = await self.store.now_ms()
+                if not due_for_drain_check(meta, now):
+                    continue
+                await self._check_and_retire(name)
+            except MetadataUnavailable as e:
+                log.debug("stream %s: %s", name, e.message)  # the store logs it, rate-limited
+            except Conflict as e:
+                log.warning("stream %s: %s", name, e.message)
 
     async def _check_and_retire(self, name: str) -> None:
         async with self.service.critical(self.keyspace.stream_mutex(name)):

@@ -310,7 +310,11 @@ class TestRuntime:
         later) must consume them.
         """
         assert self.service is not None
-        await self.service.scale_stream(stream, shards)
+        info = await self.service.scale_stream(stream, shards)
+        if self.connection is not None:
+            # The runtime's own publishing uses the new routing at once (a producer
+            # elsewhere picks it up within its routing lease).
+            self.connection.routing.invalidate(stream, info.routing_version - 1)
         if not wait:
             return
         deadline = time.monotonic() + timeout

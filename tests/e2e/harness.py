@@ -25,7 +25,7 @@ import anyio
 import httpx
 import orjson
 
-from streamworks import App, Record
+from streamworks import App, Published, Record
 from streamworks.coordinator.client import CoordinatorClient
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import GroupInfo, MemberInfo
@@ -338,6 +338,8 @@ class Publisher:
         self.batch = batch
         self.pause = pause
         self.published: list[str] = []
+        # Where each message went (shard, entry id, routing version), in publish order.
+        self.results: list[Published] = []
         self._stop = anyio.Event()
         self.done = anyio.Event()
 
@@ -347,7 +349,7 @@ class Publisher:
             while not self._stop.is_set():
                 records = [event(f"{self.prefix}-{n + i:06d}") for i in range(self.batch)]
                 n += self.batch
-                await self.app.publish_many(STREAM, records)
+                self.results.extend(await self.app.publish_many(STREAM, records))
                 self.published.extend(r.value["id"] for r in records)
                 # Pacing the producer, not synchronising: traffic keeps flowing.
                 await anyio.sleep(self.pause)
@@ -355,9 +357,13 @@ class Publisher:
             self.done.set()
 
     async def burst(self, count: int) -> list[str]:
-        """Publish ``count`` events at once (a backlog for the workers); their ids."""
+        """Publish ``count`` events at once (a backlog for the workers); their ids.
+
+        Called while :meth:`run` publishes, the two calls' order in ``published`` is
+        not necessarily the order Redis applied them in (use another Publisher when
+        publish order matters)."""
         records = [event(f"{self.prefix}-burst-{i:06d}") for i in range(count)]
-        await self.app.publish_many(STREAM, records)
+        self.results.extend(await self.app.publish_many(STREAM, records))
         ids = [r.value["id"] for r in records]
         self.published.extend(ids)
         return ids

@@ -8,7 +8,7 @@ import click
 
 from streamworks.cli.client import coordinator_client
 from streamworks.cli.common import coordinator_options, make_settings, run_async
-from streamworks.protocol.control import ReinitializeRequest
+from streamworks.protocol.control import ReinitializeRequest, UnsubscribeRequest
 from streamworks.settings import Settings
 
 
@@ -52,6 +52,29 @@ def _reinit(request: ReinitializeRequest, flags: dict[str, Any]) -> None:
         async with coordinator_client(settings) as client:
             await client.reinitialize(request)
         click.echo(f"re-initialised {request.kind} {request.name}")
+
+    run_async(run)(make_settings(**flags))
+
+
+@admin.command("unsubscribe")
+@click.argument("group")
+@click.argument("stream")
+@click.option("--yes", is_flag=True, help="do not ask")
+@coordinator_options
+def unsubscribe(group: str, stream: str, yes: bool, **flags: Any) -> None:
+    """GROUP stops consuming STREAM for good: its consumer groups (positions and pending
+    entries) are removed from the stream's shards. Use it for a group that is gone,
+    which would otherwise hold back every scale-in of the stream."""
+    if not yes:
+        click.confirm(
+            f"remove group {group!r} from stream {stream!r}, with its unread and pending entries?",
+            abort=True,
+        )
+
+    async def run(settings: Settings) -> None:
+        async with coordinator_client(settings) as client:
+            await client.unsubscribe(UnsubscribeRequest(group=group, stream=stream, confirm=True))
+        click.echo(f"group {group} unsubscribed from {stream}")
 
     run_async(run)(make_settings(**flags))
 

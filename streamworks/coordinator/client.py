@@ -27,6 +27,7 @@ from streamworks.protocol.control import (
     StreamCreateRequest,
     StreamInfo,
     StreamScaleRequest,
+    UnsubscribeRequest,
 )
 
 __all__ = ("CoordinatorClient",)
@@ -154,6 +155,11 @@ class CoordinatorClient:
             StreamInfo,
             StreamScaleRequest(shards=shards),
             admin=True,
+        )
+
+    async def unsubscribe(self, request: UnsubscribeRequest) -> StatusResponse:
+        return await self._request(
+            "POST", "/v1/admin/unsubscribe", StatusResponse, request, admin=True
         )
 
     async def reinitialize(self, request: ReinitializeRequest) -> StatusResponse:

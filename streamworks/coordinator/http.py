@@ -33,6 +33,7 @@ from streamworks.protocol.control import (
     StreamCreateRequest,
     StreamInfo,
     StreamScaleRequest,
+    UnsubscribeRequest,
 )
 from streamworks.protocol.shards import NAME_PATTERN
 
@@ -170,6 +171,15 @@ def create_api(service: CoordinatorService) -> FastAPI:
     )
     async def scale_stream(stream: str, body: StreamScaleRequest) -> StreamInfo:
         return await service.scale_stream(_name("stream", stream), body.shards)
+
+    @api.post(
+        "/v1/admin/unsubscribe",
+        response_model=StatusResponse,
+        responses=_ERRORS,
+        dependencies=admin,
+    )
+    async def unsubscribe(body: UnsubscribeRequest) -> StatusResponse:
+        return await service.unsubscribe(body)
 
     @api.post(
         "/v1/admin/reinitialize",

@@ -17,6 +17,7 @@ from streamworks.protocol.control import (
     RoutingResponse,
     StatusResponse,
     StreamInfo,
+    UnsubscribeRequest,
 )
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class LocalTransport:
 
     async def scale_stream(self, name: str, shards: int) -> StreamInfo:
         return await self.service.scale_stream(name, shards)
+
+    async def unsubscribe(self, request: UnsubscribeRequest) -> StatusResponse:
+        return await self.service.unsubscribe(request)
 
     async def reinitialize(self, request: ReinitializeRequest) -> StatusResponse:
         return await self.service.reinitialize(request)

@@ -64,6 +64,7 @@ from streamworks.protocol.control import (
     ShardInfo,
     StatusResponse,
     StreamInfo,
+    UnsubscribeRequest,
 )
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
@@ -719,6 +720,51 @@ class CoordinatorService:
                 )
             )
         return info.model_copy(update={"shards": out})
+
+    # -- operator actions -------------------------------------------------------------
+    async def unsubscribe(self, request: UnsubscribeRequest) -> StatusResponse:
+        """A group stops consuming a stream for good: it leaves the stream's subscription
+        registry and its consumer groups (positions, pending entries, fences, retry
+        records) are removed from every shard. Refused while a live member of the
+        group subscribes to the stream. Until this is done, a scale-in of the stream
+        waits for the group to drain the removed shards."""
+        group_id, stream = request.group, request.stream
+        async with self.critical(self.keyspace.group_mutex(group_id)):
+            loaded = await self.store.load_group(group_id)
+            if loaded.group is not None:
+                users = [
+                    m.member_id
+                    for m in loaded.group.members.values()
+                    if m.is_live and stream in m.subscriptions
+                ]
+                if users:
+                    raise CoordinatorError(
+                        "IN_USE",
+                        f"group {group_id!r} has {len(users)} live member(s) consuming "
+                        f"{stream!r}; stop them (or remove the handler) first",
+                        status=409,
+                    )
+            if group_id not in await self.store.subscribed_groups(stream):
+                raise CoordinatorError(
+                    "NOT_FOUND", f"group {group_id!r} is not subscribed to {stream!r}", status=404
+                )
+            _, meta = await self.store.load_stream(stream)
+            shards = (
+                []
+                if meta is None
+                else [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
+            )
+            pipe = self.redis.pipeline(transaction=False)
+            for shard in shards:
+                pipe.execute_command("XGROUP", "DESTROY", self.keyspace.stream(shard), group_id)
+                pipe.delete(
+                    self.keyspace.fence(shard, group_id), self.keyspace.retries(shard, group_id)
+                )
+            await pipe.execute(raise_on_error=False)
+            await self.redis.srem(self.keyspace.registry_subscriptions(stream), group_id)
+            self._subscribed = {s for s in self._subscribed if s[:2] != (stream, group_id)}
+            log.warning("operator unsubscribed group %s from stream %s", group_id, stream)
+        return await self.status(positions=False)
 
     # -- operator recovery (E21) --------------------------------------------------------
     async def reinitialize(self, request: ReinitializeRequest) -> StatusResponse:

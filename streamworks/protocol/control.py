@@ -31,6 +31,7 @@ __all__ = (
     "StreamCreateRequest",
     "StreamInfo",
     "StreamScaleRequest",
+    "UnsubscribeRequest",
 )
 
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
@@ -57,6 +58,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "NOT_FOUND"
     CONFLICT = "CONFLICT"
     ALREADY_EXISTS = "ALREADY_EXISTS"
+    IN_USE = "IN_USE"
     COORDINATOR_TERMINATING = "COORDINATOR_TERMINATING"
     METADATA_UNAVAILABLE = "METADATA_UNAVAILABLE"
     MIGRATION_IN_PROGRESS = "MIGRATION_IN_PROGRESS"
@@ -190,6 +192,15 @@ class GroupInfo(_Model):
 class StatusResponse(_Model):
     streams: list[StreamInfo]
     groups: list[GroupInfo]
+
+
+class UnsubscribeRequest(_Model):
+    """Operator action: a group stops consuming a stream for good (its consumer groups
+    on the stream's shards are destroyed, with their positions and pending entries)."""
+
+    group: Name
+    stream: Name
+    confirm: Literal[True]
 
 
 class ReinitializeRequest(_Model):

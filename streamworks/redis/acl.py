@@ -11,10 +11,10 @@ so every command a role's Lua scripts use is listed.
 * **producer** — ``XADD`` (and the dedup script) on shard keys only.
 * **coordinator** — the control-plane keys, plus what it needs on shard keys: create
   them (``XGROUP CREATE … MKSTREAM``), write owner fences, read consumer-group
-  positions (``XINFO``/``XLEN``), and retire a drained shard (``retire.lua``, whose
-  ``XRANGE … COUNT 1`` proves emptiness without any entry leaving Redis). It cannot
-  read, acknowledge or delete messages otherwise (E24): no ``XREADGROUP``, ``XREAD``,
-  ``XACK``, ``XCLAIM``, ``XAUTOCLAIM``, ``XDEL`` or ``XTRIM``.
+  positions (``XINFO``/``XLEN``), and retire a drained shard (``retire.lua``, which
+  decides on consumer-group metadata alone). It cannot read, acknowledge or delete
+  messages (E24): no ``XREADGROUP``, ``XREAD``, ``XRANGE``, ``XACK``, ``XCLAIM``,
+  ``XAUTOCLAIM``, ``XDEL`` or ``XTRIM``.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _rules(role: Role, p: str) -> list[str]:
         "+sadd", "+smembers", "+sismember",
         # shard provisioning, owner fences, positions, drain check and retirement
         "+exists", "+xgroup|create", "+xgroup|destroy", "+xinfo|groups", "+xinfo|stream",
-        "+xlen", "+xrange",
+        "+xlen",
     ]  # fmt: skip
 
 

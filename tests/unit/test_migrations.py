@@ -57,7 +57,7 @@ def test_scale_in_to_zero_routes_nothing_and_still_drains() -> None:
     assert len(meta.assignable()) == 4
     meta = retire_shards(meta, ids(meta, ShardState.DRAINING), LEASE)
     assert meta.assignable() == [] and migration_phase(meta, LEASE) is MigrationPhase.NONE
-    assert meta.migration is not None and meta.migration["phase"] == "COMPLETE"
+    assert meta.migration is not None and meta.migration["completed_ms"] == LEASE
 
 
 def test_retirement_removes_shards_from_the_layout_and_completes() -> None:

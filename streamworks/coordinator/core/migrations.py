@@ -44,7 +44,9 @@ __all__ = (
 
 
 class MigrationPhase(StrEnum):
-    NONE = "NONE"  # nothing draining
+    """Where a stream's migration is (PROTOCOL §6 calls FENCING its ACTIVE phase)."""
+
+    NONE = "NONE"  # nothing draining: no migration, or the last one completed
     FENCING = "FENCING"  # draining shards exist; producers may still hold old routing
     DRAINING = "DRAINING"  # fence passed: draining shards are checked and retired
 
@@ -133,17 +135,15 @@ def retire_shards(meta: StreamMeta, shard_ids: Iterable[str], now_ms: int) -> St
 
 
 def _settle(meta: StreamMeta, now_ms: int | None = None) -> StreamMeta:
-    """Close the migration record once nothing drains (kept as the last migration)."""
+    """Stamp the migration record complete once nothing drains (it stays as the last
+    migration, for status). The phase itself is never stored: it is derived from the
+    shard states and the clock (:func:`migration_phase`)."""
     migration = dict(meta.migration or {})
     if not migration:
         return meta
     if any(s.state is ShardState.DRAINING for s in meta.shards):
-        migration["phase"] = "ACTIVE"
         migration.pop("completed_ms", None)
-    else:
-        migration["phase"] = "COMPLETE"
-        if now_ms is not None:
-            migration["completed_ms"] = now_ms
-        elif "completed_ms" not in migration:
-            migration["completed_ms"] = migration.get("started_ms")
+    elif "completed_ms" not in migration:
+        migration["completed_ms"] = now_ms if now_ms is not None else migration.get("started_ms")
+    migration.pop("phase", None)
     return replace(meta, migration=migration)

@@ -13,10 +13,12 @@ server never see each other's keys. Inside the ``async with`` block the app's
 
 from __future__ import annotations
 
+import abc
 import os
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +41,7 @@ from streamworks.runtime.worker import Worker
 from streamworks.settings import CoordinatorSettings, Settings, WorkerSettings
 from streamworks.testing.embedded import EmbeddedRedis
 
-__all__ = ("DeadLetter", "TestRuntime", "fast_settings")
+__all__ = ("DeadLetter", "RuntimeObservations", "TestRuntime", "fast_settings")
 
 
 def fast_settings(base: Settings | None = None, **overrides: Any) -> Settings:
@@ -92,7 +94,99 @@ class _WorkerSlot:
         self.done = anyio.Event()
 
 
-class TestRuntime:
+class RuntimeObservations(abc.ABC):
+    """What a test asks a runtime: is everything handled, what was handled, what was
+    dead-lettered. Shared by :class:`TestRuntime` and test harnesses built on workers."""
+
+    app: App
+    redis: Any
+    keyspace: Keyspace
+    slots: list[_WorkerSlot]
+
+    @property
+    def workers(self) -> list[Worker]:
+        """Workers that are running (not killed or stopped)."""
+        return [s.worker for s in self.slots if not s.done.is_set()]
+
+    @abc.abstractmethod
+    async def shard_keys(self, stream: str) -> Sequence[str]:
+        """Stream keys of the stream's shards that are not retired."""
+
+    async def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until every group is drained: on every shard ``lag`` 0 and ``pending`` 0,
+        and no worker has a message in flight or waiting for a retry.
+
+        Raises:
+            TimeoutError: not idle within ``timeout`` seconds (with what is left).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            left = await self._work_left()
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"runtime not idle after {timeout}s: {left}")
+            await anyio.sleep(0.01)
+
+    async def _work_left(self) -> list[str]:
+        left: list[str] = []
+        for worker in self.workers:
+            left.extend(
+                f"{reader.shard_name}: {reader.outstanding} in flight"
+                for reader in worker.readers.values()
+                if reader.outstanding
+            )
+        for name in self.app.handlers:
+            for key in await self.shard_keys(name):
+                try:
+                    groups = await self.redis.xinfo_groups(key)
+                except ResponseError:
+                    continue  # retired between the two reads: nothing left on it
+                for group in groups:
+                    gname = group["name"].decode()
+                    if group["pending"] or group["lag"] is None or group["lag"]:
+                        left.append(f"{key} {gname}: pending={group['pending']} lag={group['lag']}")
+        return left
+
+    def handled(self, stream: str) -> int:
+        """Messages of ``stream`` whose handler succeeded, over all workers so far."""
+        return self.statistics(stream).get("handled", 0)
+
+    def statistics(self, stream: str) -> dict[str, int]:
+        """Summed handler counters of ``stream`` over all workers so far."""
+        total: dict[str, int] = {}
+        for slot in self.slots:
+            runtime = slot.worker.handlers.get(stream)
+            if runtime is None:
+                continue
+            for name, value in runtime.statistics.as_dict().items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    async def dead_letters(self, stream: str) -> list[DeadLetter]:
+        """The app's dead-letter entries for ``stream``, oldest first."""
+        key = self.keyspace.dead_letters(self.app.name, stream)
+        out = []
+        for entry_id, fields in await self.redis.xrange(key):
+            text = {k.decode(): v for k, v in fields.items()}
+            out.append(
+                DeadLetter(
+                    entry_id=entry_id.decode(),
+                    reason=text["reason"].decode(),
+                    error=text["error"].decode(),
+                    attempts=int(text["attempts"]),
+                    stream=text["stream"].decode(),
+                    shard=text["shard"].decode(),
+                    origin_id=text["entry_id"].decode(),
+                    payload=text.get("o.v"),
+                    key=text["o.k"].decode(errors="replace") if "o.k" in text else None,
+                    fields=text,
+                )
+            )
+        return out
+
+
+class TestRuntime(RuntimeObservations):
     """The real coordinator and workers of ``app`` against a real Redis, in-process.
 
     Args:
@@ -213,7 +307,7 @@ class TestRuntime:
                 await self.coordinator.aclose()
             if self.redis is not None:
                 if self._own_prefix:
-                    await _delete_prefix(self.redis, self.settings.key_prefix)
+                    await delete_prefix(self.redis, self.settings.key_prefix)
                 await self.redis.aclose()
                 self.redis = None
             if self._server is not None:
@@ -250,11 +344,6 @@ class TestRuntime:
             self._http_done.set()
 
     # -- workers -------------------------------------------------------------------------
-    @property
-    def workers(self) -> list[Worker]:
-        """Workers that are running (not killed or stopped)."""
-        return [s.worker for s in self.slots if not s.done.is_set()]
-
     async def add_worker(self, *, wait: bool = True) -> Worker:
         """Start one more worker (a new member of the group)."""
         assert self._tg is not None
@@ -372,84 +461,6 @@ class TestRuntime:
                     return f"{info.shard} read by {count} workers"
         return None
 
-    async def wait_idle(self, timeout: float = 10.0) -> None:
-        """Wait until every group is drained: on every shard ``lag`` 0 and ``pending`` 0,
-        and no worker has a message in flight or waiting for a retry.
-
-        Raises:
-            TimeoutError: not idle within ``timeout`` seconds (with what is left).
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            left = await self._work_left()
-            if not left:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"runtime not idle after {timeout}s: {left}")
-            await anyio.sleep(0.01)
-
-    async def _work_left(self) -> list[str]:
-        left: list[str] = []
-        for worker in self.workers:
-            left.extend(
-                f"{reader.shard_name}: {reader.outstanding} in flight"
-                for reader in worker.readers.values()
-                if reader.outstanding
-            )
-        assert self.service is not None
-        for name in self.app.handlers:
-            stream = await self.service.stream_info(name)
-            for info in stream.shards:
-                if info.state == "RETIRED":
-                    continue
-                key = self.keyspace.stream(ShardId.parse(info.shard))
-                try:
-                    groups = await self.redis.xinfo_groups(key)
-                except ResponseError:
-                    continue  # retired between the two reads: nothing left on it
-                for group in groups:
-                    gname = group["name"].decode()
-                    if group["pending"] or group["lag"] is None or group["lag"]:
-                        left.append(f"{key} {gname}: pending={group['pending']} lag={group['lag']}")
-        return left
-
-    def handled(self, stream: str) -> int:
-        """Messages of ``stream`` whose handler succeeded, over all workers so far."""
-        return self.statistics(stream).get("handled", 0)
-
-    def statistics(self, stream: str) -> dict[str, int]:
-        """Summed handler counters of ``stream`` over all workers so far."""
-        total: dict[str, int] = {}
-        for slot in self.slots:
-            runtime = slot.worker.handlers.get(stream)
-            if runtime is None:
-                continue
-            for name, value in runtime.statistics.as_dict().items():
-                total[name] = total.get(name, 0) + value
-        return total
-
-    async def dead_letters(self, stream: str) -> list[DeadLetter]:
-        """The app's dead-letter entries for ``stream``, oldest first."""
-        key = self.keyspace.dead_letters(self.app.name, stream)
-        out = []
-        for entry_id, fields in await self.redis.xrange(key):
-            text = {k.decode(): v for k, v in fields.items()}
-            out.append(
-                DeadLetter(
-                    entry_id=entry_id.decode(),
-                    reason=text["reason"].decode(),
-                    error=text["error"].decode(),
-                    attempts=int(text["attempts"]),
-                    stream=text["stream"].decode(),
-                    shard=text["shard"].decode(),
-                    origin_id=text["entry_id"].decode(),
-                    payload=text.get("o.v"),
-                    key=text["o.k"].decode(errors="replace") if "o.k" in text else None,
-                    fields=text,
-                )
-            )
-        return out
-
     async def shard_keys(self, stream: str) -> list[str]:
         """Stream keys of the stream's shards that are not retired."""
         assert self.service is not None
@@ -465,7 +476,7 @@ def _secret(value: Any) -> str | None:
     return value.get_secret_value() if value is not None else None
 
 
-async def _delete_prefix(redis: Any, prefix: str) -> None:
+async def delete_prefix(redis: Any, prefix: str) -> None:
     """Remove every key of a test prefix (keeps a shared server clean)."""
     patterns = [f"{prefix}:*", f"{{{prefix}:*", f"{{{prefix}}}*"]
     for pattern in patterns:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -40,19 +39,12 @@ from streamworks.runtime.routing import StaticRoutingSource
 from streamworks.runtime.worker import Worker
 from streamworks.settings import Settings
 from streamworks.testing.embedded import EmbeddedRedis
-from streamworks.testing.runtime import DeadLetter
+from streamworks.testing.runtime import RuntimeObservations, _WorkerSlot, delete_prefix
 
 __all__ = ("StaticRuntime",)
 
 
-class _WorkerSlot:
-    def __init__(self, worker: Worker, scope: anyio.CancelScope) -> None:
-        self.worker = worker
-        self.scope = scope
-        self.done = anyio.Event()
-
-
-class StaticRuntime:
+class StaticRuntime(RuntimeObservations):
     """Real workers of ``app`` against a real Redis, inside the test process.
 
     Args:
@@ -144,7 +136,7 @@ class StaticRuntime:
             await self._connection_cm.__aexit__(None, None, None)
             if self.redis is not None:
                 if self._own_prefix:
-                    await _delete_prefix(self.redis, self.settings.key_prefix)
+                    await delete_prefix(self.redis, self.settings.key_prefix)
                 await self.redis.aclose()
             if self._server is not None:
                 self._server.stop()
@@ -159,11 +151,6 @@ class StaticRuntime:
             await create_group(self.scripts, self.keyspace, shards, self.app.name, spec.start)
 
     # -- workers -------------------------------------------------------------------------
-    @property
-    def workers(self) -> list[Worker]:
-        """Workers that are running (not killed or stopped)."""
-        return [s.worker for s in self.slots if not s.done.is_set()]
-
     async def add_worker(self, *, rebalance: bool = True) -> Worker:
         """Start one more worker."""
         assert self._tg is not None
@@ -228,94 +215,9 @@ class StaticRuntime:
             worker.apply_assignment(grants)
 
     # -- observation ---------------------------------------------------------------------
-    async def wait_idle(self, timeout: float = 10.0) -> None:
-        """Wait until every group is drained: on every shard ``lag`` 0 and ``pending`` 0,
-        and no worker has a message in flight or waiting for a retry.
-
-        Raises:
-            TimeoutError: not idle within ``timeout`` seconds (with what is left).
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            left = await self._work_left()
-            if not left:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"runtime not idle after {timeout}s: {left}")
-            await anyio.sleep(0.01)
-
-    async def _work_left(self) -> list[str]:
-        left: list[str] = []
-        for worker in self.workers:
-            left.extend(
-                f"{reader.shard_name}: {reader.outstanding} in flight"
-                for reader in worker.readers.values()
-                if reader.outstanding
-            )
-        for spec in self.app.streams.values():
-            if spec.name not in self.app.handlers:
-                continue
-            for index in range(spec.shards):
-                key = self.keyspace.stream(ShardId(spec.name, index))
-                for group in await self.redis.xinfo_groups(key):
-                    name = group["name"].decode()
-                    if group["pending"] or group["lag"] is None or group["lag"]:
-                        left.append(f"{key} {name}: pending={group['pending']} lag={group['lag']}")
-        return left
-
-    def handled(self, stream: str) -> int:
-        """Messages of ``stream`` whose handler succeeded, over all workers so far."""
-        return sum(
-            s.worker.handlers[stream].statistics.handled
-            for s in self.slots
-            if stream in s.worker.handlers
-        )
-
-    def statistics(self, stream: str) -> dict[str, int]:
-        """Summed handler counters of ``stream`` over all workers so far."""
-        total: dict[str, int] = {}
-        for slot in self.slots:
-            runtime = slot.worker.handlers.get(stream)
-            if runtime is None:
-                continue
-            for name, value in runtime.statistics.as_dict().items():
-                total[name] = total.get(name, 0) + value
-        return total
-
-    async def dead_letters(self, stream: str) -> list[DeadLetter]:
-        """The app's dead-letter entries for ``stream``, oldest first."""
-        key = self.keyspace.dead_letters(self.app.name, stream)
-        out = []
-        for entry_id, fields in await self.redis.xrange(key):
-            text = {k.decode(): v for k, v in fields.items()}
-            out.append(
-                DeadLetter(
-                    entry_id=entry_id.decode(),
-                    reason=text["reason"].decode(),
-                    error=text["error"].decode(),
-                    attempts=int(text["attempts"]),
-                    stream=text["stream"].decode(),
-                    shard=text["shard"].decode(),
-                    origin_id=text["entry_id"].decode(),
-                    payload=text.get("o.v"),
-                    key=text["o.k"].decode(errors="replace") if "o.k" in text else None,
-                    fields=text,
-                )
-            )
-        return out
-
     async def shard_keys(self, stream: str) -> Sequence[str]:
         spec = self.app.streams[stream]
         return [self.keyspace.stream(ShardId(stream, i)) for i in range(spec.shards)]
-
-
-async def _delete_prefix(redis: Any, prefix: str) -> None:
-    """Remove every key of a test prefix (keeps a shared server clean)."""
-    patterns = [f"{prefix}:*", f"{{{prefix}:*", f"{{{prefix}}}*"]
-    for pattern in patterns:
-        batch = [key async for key in redis.scan_iter(match=pattern, count=1000)]
-        for i in range(0, len(batch), 500):
-            await redis.delete(*batch[i : i + 500])
 
 
 class _NoCoordinator:

@@ -21,8 +21,8 @@ __all__ = ("CoordinatorSettings", "ProducerSettings", "Settings", "WorkerSetting
 class WorkerSettings(BaseModel):
     """Tuning of the data plane (``streamworks worker``)."""
 
-    read_batch: int = Field(100, ge=1, le=10_000, description="entries per fenced read")
-    read_ahead: int = Field(2, ge=1, le=64, description="batches in flight per shard")
+    read_batch: int = Field(200, ge=1, le=10_000, description="entries per fenced read")
+    read_ahead: int = Field(3, ge=1, le=64, description="batches in flight per shard")
     block: float = Field(1.0, gt=0, le=30, description="longest wait for new entries (s)")
     shutdown_timeout: float = Field(30.0, ge=0, description="in-flight time on SIGTERM (s)")
     lease_grace: float = Field(5.0, ge=0, description="in-flight time after lease loss (s)")

@@ -134,7 +134,13 @@ class ShardReader:
     async def _read_round(self) -> None:
         reply = await self.worker.scripts.read(
             keys=[self.stream_key, self.fence_key],
-            args=[self.group, self.consumer, self.token, self._batch],
+            # Never more than the read-ahead room left: bounded memory per shard.
+            args=[
+                self.group,
+                self.consumer,
+                self.token,
+                min(self._batch, self._limit - self.outstanding),
+            ],
         )
         status = reply[0]
         if status == 1:

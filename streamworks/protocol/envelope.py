@@ -54,7 +54,7 @@ def encode_fields(
     key: str | None,
     event_id: str | None,
     headers: dict[str, str] | None,
-    published_at: int,
+    published_at: int | str,
 ) -> list[bytes | str]:
     """Return the flat ``field, value, ...`` list for ``XADD``."""
     fields: list[bytes | str] = [_V, payload, _T, str(published_at), _F, FORMAT_VERSION]

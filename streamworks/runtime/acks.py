@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
+from streamworks.redis.wire import run_batch
+
 if TYPE_CHECKING:
     from streamworks.runtime.message import Message
     from streamworks.runtime.reader import ShardReader
@@ -72,18 +74,21 @@ class Acker:
         while self._buffer:
             batch, self._buffer, self._count = self._buffer, {}, 0
             retried_by_reader, self._retried = self._retried, {}
-            pipe = self._redis.pipeline(transaction=False)
             group = self._group
+            commands: list[list[bytes | str]] = []
             for reader, messages in batch.items():
                 for i in range(0, len(messages), self._max_batch):
                     chunk = messages[i : i + self._max_batch]
-                    pipe.execute_command("XACK", reader.stream_key, group, *[m._rid for m in chunk])
+                    commands.append(["XACK", reader.stream_key, group, *[m._rid for m in chunk]])
                 retried = retried_by_reader.get(reader)
                 if retried:
-                    pipe.execute_command("HDEL", reader.retry_key, *retried)
+                    commands.append(["HDEL", reader.retry_key, *retried])
             failed = False
             try:
-                await pipe.execute(raise_on_error=True)
+                replies = await run_batch(self._redis, commands)
+                errors = [r for r in replies if isinstance(r, Exception)]
+                if errors:
+                    raise errors[0]
             except (RedisError, OSError) as e:
                 # The entries stay pending; their readers re-claim them (a duplicate
                 # delivery, never a loss).

@@ -25,6 +25,7 @@ from streamworks.protocol.codec import Codec
 from streamworks.protocol.envelope import MAX_PAYLOAD, encode_fields
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
+from streamworks.redis.wire import run_batch
 from streamworks.runtime.routing import RoutingSource, RoutingTable, ShardRoute
 
 __all__ = ("Producer", "Published", "Record")
@@ -86,12 +87,13 @@ class Producer:
         self._dedup_ms = {k: int(v * 1000) for k, v in (dedup_windows or {}).items() if v}
         self.statistics = ProducerStatistics()
 
-    def _fields(self, record: Record) -> list[bytes | str]:
+    def _fields(self, record: Record, now: str | None = None) -> list[bytes | str]:
         payload = self._codec.encode(record.value)
         if len(payload) > MAX_PAYLOAD:
             raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
         headers = dict(record.headers) if record.headers else None
-        return encode_fields(payload, record.key, record.event_id, headers, int(time.time() * 1000))
+        published_at = now if now is not None else str(int(time.time() * 1000))
+        return encode_fields(payload, record.key, record.event_id, headers, published_at)
 
     async def publish(self, stream: str, record: Record) -> Published:
         """Publish one message; see the module docstring for the path it takes."""
@@ -114,22 +116,32 @@ class Producer:
         )
 
     async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
-        """Publish a batch, pipelined; results are in the order of ``records``."""
-        encoded = [self._fields(r) for r in records]
+        """Publish a batch in one round trip; results are in the order of ``records``."""
+        now = str(int(time.time() * 1000))
+        encoded = [self._fields(r, now) for r in records]
         results: list[Published | None] = [None] * len(records)
         todo = list(range(len(records)))
+        dedup = self._dedup_ms.get(stream)
         for _ in range(self._max_reroutes):
             table = await self.routing.routing(stream)
             routes = [table.route(records[i].key, self._sticky_batch) for i in todo]
-            pipe = self._redis.pipeline(transaction=False)
-            for i, route in zip(todo, routes, strict=True):
-                await self._queue_add(pipe, stream, route, records[i].event_id, encoded[i])
             try:
-                replies = await pipe.execute(raise_on_error=True)
-            except RedisError as e:
+                if dedup and any(records[i].event_id is not None for i in todo):
+                    replies = await self._pipeline(stream, todo, routes, records, encoded)
+                else:
+                    replies = await run_batch(
+                        self._redis,
+                        [
+                            ["XADD", route.key, "NOMKSTREAM", "*", *encoded[i]]
+                            for i, route in zip(todo, routes, strict=True)
+                        ],
+                    )
+            except (RedisError, OSError) as e:
                 raise BackendError(f"publish_many to {stream!r} failed: {e}") from e
             retry: list[int] = []
             for i, route, reply in zip(todo, routes, replies, strict=True):
+                if isinstance(reply, Exception):
+                    raise BackendError(f"publish to {route.shard} failed: {reply}")
                 parsed = self._parse_add(reply, records[i].event_id)
                 if parsed is None:
                     retry.append(i)
@@ -147,6 +159,20 @@ class Producer:
             f"{self._max_reroutes} refreshes"
         )
 
+    async def _pipeline(
+        self,
+        stream: str,
+        todo: list[int],
+        routes: list[ShardRoute],
+        records: Sequence[Record],
+        encoded: list[list[bytes | str]],
+    ) -> list[Any]:
+        """The batch through redis-py's pipeline (needed for the dedup script)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for i, route in zip(todo, routes, strict=True):
+            await self._queue_add(pipe, stream, route, records[i].event_id, encoded[i])
+        return list(await pipe.execute(raise_on_error=False))
+
     def _retired(self, stream: str, table: RoutingTable) -> None:
         # E16: the key was retired after this table was issued; nothing was written.
         self.statistics.reroutes += 1
@@ -163,7 +189,11 @@ class Producer:
                 args=[window, *fields],
             )
         else:
-            reply = await self._redis.execute_command("XADD", route.key, "NOMKSTREAM", "*", *fields)
+            [reply] = await run_batch(
+                self._redis, [["XADD", route.key, "NOMKSTREAM", "*", *fields]]
+            )
+            if isinstance(reply, Exception):
+                raise reply
         return self._parse_add(reply, event_id)
 
     async def _queue_add(

@@ -213,20 +213,39 @@ async def bench_members(redis_url: str, members: int, seconds: float) -> dict[st
             for i in range(0, members, 50):  # join in waves, as a deployment would
                 await asyncio.gather(*(m.heartbeat() for m in group[i : i + 50]))
             await settle(group)
-            # Join hand-off: a new member's time from join to holding its target.
+            # Join hand-off: every member heartbeats on the schedule the coordinator
+            # gives it (fast while it has revocations or pending shards); a newcomer
+            # joins; time from its join until it holds its whole target.
+            stop = asyncio.Event()
+
+            async def on_schedule(member: SimulatedMember, offset: float) -> None:
+                await asyncio.sleep(offset)
+                while not stop.is_set():
+                    await member.heartbeat()
+                    wait = member.last.heartbeat_interval_ms / 1000 if member.last else 1.0
+                    try:
+                        await asyncio.wait_for(stop.wait(), wait)
+                    except TimeoutError:
+                        pass
+
+            background = [
+                asyncio.create_task(on_schedule(m, i / len(group))) for i, m in enumerate(group)
+            ]
+            await asyncio.sleep(1.0)  # every member on its schedule
             newcomer = SimulatedMember(client, "sim", ["events"])
             started = time.monotonic()
             await newcomer.heartbeat()
             beats = 1
-            interval = newcomer.last.heartbeat_interval_ms / 1000 if newcomer.last else 1.0
             while not newcomer.settled:
-                # Everyone keeps heartbeating on their schedule; the old owners revoke.
-                await asyncio.gather(*(m.heartbeat() for m in group))
+                assert newcomer.last is not None
+                await asyncio.sleep(newcomer.last.heartbeat_interval_ms / 1000)
                 await newcomer.heartbeat()
                 beats += 1
             result["join_handoff_s"] = time.monotonic() - started
             result["join_handoff_heartbeats"] = beats
-            result["heartbeat_interval_s"] = interval
+            result["heartbeat_interval_s"] = 1.0
+            stop.set()
+            await asyncio.gather(*background)
             group.append(newcomer)
             await settle(group)
             # Latency of steady no-change heartbeats, each member once per interval.
@@ -234,12 +253,24 @@ async def bench_members(redis_url: str, members: int, seconds: float) -> dict[st
             deadline = time.monotonic() + seconds
 
             async def paced(member: SimulatedMember, offset: float) -> None:
+                # Each member on its own keep-alive connection through the lean client,
+                # so the numbers are the coordinator's, not the load generator's.
+                conn = LeanConnection("127.0.0.1", port)
+                body = {
+                    "memberId": member.member_id,
+                    "memberEpoch": member.epoch,
+                    "metadataVersion": member.last.metadata_version if member.last else 0,
+                    "ownedShards": sorted(member.owned),
+                }
                 await asyncio.sleep(offset)
                 while time.monotonic() < deadline:
                     t = time.perf_counter()
-                    await member.heartbeat()
+                    status, answer = await conn.post("/v1/groups/sim/heartbeat", body)
                     latencies.append(time.perf_counter() - t)
+                    if status != 200 or answer["status"] != "OK":
+                        raise RuntimeError(f"heartbeat failed: {status} {answer}")
                     await asyncio.sleep(1.0)
+                await conn.close()
 
             await asyncio.gather(*(paced(m, i / len(group)) for i, m in enumerate(group)))
             result["latency_p50_ms"] = percentile(latencies, 0.5) * 1000

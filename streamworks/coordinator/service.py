@@ -263,14 +263,6 @@ class CoordinatorService:
             self._topology_cache[key] = cached
         return cached
 
-    @staticmethod
-    def _streams_of(group: Group, request: HeartbeatInput) -> set[str]:
-        streams: set[str] = set(request.subscriptions or ())
-        for member in group.members.values():
-            if member.is_live:
-                streams |= member.subscriptions
-        return streams
-
     async def _full_heartbeat(self, group_id: str, request: HeartbeatInput) -> HeartbeatResponse:
         async with self.critical(self.keyspace.group_mutex(group_id)):
             for _ in range(self.settings.coordinator.cas_retries):
@@ -282,10 +274,12 @@ class CoordinatorService:
                         group = Group(group_id)  # unknown group: the core answers UNKNOWN_MEMBER
                     else:
                         group = await self._new_group(group_id, request.subscriptions or ())
-                names = self._streams_of(group, request)
+                names = set(self._group_streams(group_id, loaded.rev, group))
+                names |= request.subscriptions or frozenset()
                 loaded_streams = await self.store.load_streams(names)
                 metas = {n: m for n, (_, m) in loaded_streams.items() if m is not None}
-                result = heartbeat(group, topology_of(metas), request, loaded.now_ms, self.config)
+                topology = self._topology_of({n: r for n, (r, _) in loaded_streams.items()}, metas)
+                result = heartbeat(group, topology, request, loaded.now_ms, self.config)
                 if not loaded.rev and result.status.value == HeartbeatStatus.UNKNOWN_MEMBER.value:
                     # A group that does not exist: nothing to write, and in particular no
                     # group created from what an unknown member reports (E20).
@@ -293,11 +287,12 @@ class CoordinatorService:
                 # Consumer groups are provisioned (and the subscription registered, the
                 # evidence E21 relies on) only for a group that exists in Redis or is
                 # committed now, never for a request that fails validation or a refusal.
-                subscribed = {
-                    n: m
-                    for n, m in metas.items()
-                    if n in _subscriptions(result.group.members.values())
-                }
+                wanted = (
+                    _subscriptions(result.group.members.values())
+                    if result.changed_members
+                    else self._group_streams(group_id, loaded.rev, group)
+                )
+                subscribed = {n: m for n, m in metas.items() if n in wanted}
                 if result.is_noop and loaded.rev:
                     await self._ensure_subscriptions(group_id, subscribed)
                     if not result.renews_lease:

@@ -43,6 +43,12 @@ ENDPOINTS: list[tuple[str, str, Any, bool]] = [
     ("POST", "/v1/streams", {"name": "audit", "shards": 1}, True),
     ("POST", "/v1/streams/orders/scale", {"shards": 3}, True),
     ("POST", "/v1/admin/reinitialize", {"kind": "group", "name": "g", "confirm": True}, True),
+    (
+        "POST",
+        "/v1/admin/unsubscribe",
+        {"group": "nobody", "stream": "orders", "confirm": True},
+        True,
+    ),
 ]
 
 
@@ -128,13 +134,14 @@ async def test_every_endpoint_refuses_a_missing_or_wrong_bearer_token(settings: 
         assert all(
             r.status_code == 200
             for (_, path), r in answers.items()
-            if path != "/v1/admin/reinitialize"
+            if not path.startswith("/v1/admin/")
         ), {k: (r.status_code, r.text) for k, r in answers.items()}
         heartbeat = answers[("POST", "/v1/groups/g/heartbeat")].json()
         assert heartbeat["status"] == "OK" and heartbeat["memberEpoch"] > 0
         assert answers[("POST", "/v1/streams/orders/scale")].json()["shardCount"] == 3
         # The operator's re-initialisation passed authentication, refused on its merits.
         assert_error(answers[("POST", "/v1/admin/reinitialize")], 409, "ALREADY_EXISTS")
+        assert_error(answers[("POST", "/v1/admin/unsubscribe")], 404, "NOT_FOUND")
         assert await service.store.registered_streams() == ["audit", "orders"]
 
 
@@ -306,6 +313,7 @@ async def test_openapi_lists_every_v1_endpoint_with_its_errors(settings: Setting
         ("POST", "/v1/streams"),
         ("POST", "/v1/streams/{stream}/scale"),
         ("POST", "/v1/admin/reinitialize"),
+        ("POST", "/v1/admin/unsubscribe"),
         ("GET", "/v1/streams"),
         ("GET", "/v1/streams/{stream}"),
         ("GET", "/v1/groups"),

@@ -88,13 +88,30 @@ class GroupEdit:
         """Current live members by id."""
         return {mid: m for mid, m in self.members.items() if m.is_live}
 
-    def holders(self) -> dict[str, str]:
-        """Shard -> live holder, over the current records (see ``Group.holders``)."""
-        holders: dict[str, str] = {}
-        for member in self.members.values():
-            if member.is_live:
-                for shard in member.held():
-                    holders[shard] = member.member_id
+    def holders(self) -> Mapping[str, str]:
+        """Shard -> live holder, over the current records (see ``Group.holders``).
+
+        The original group's map is computed once per group state; this patches it for
+        the members touched in this step, so a heartbeat on a large group costs
+        O(what changed), not O(members).
+        """
+        base = self.original.holders()
+        if not self._touched:
+            return base
+        holders = dict(base)
+        original = self.original.members
+        current = self.members
+        for member_id in self._touched:
+            before = original.get(member_id)
+            if before is not None and before.is_live:
+                for shard in before.held():
+                    if holders.get(shard) == member_id:
+                        del holders[shard]
+        for member_id in self._touched:
+            after = current.get(member_id)
+            if after is not None and after.is_live:
+                for shard in after.held():
+                    holders[shard] = member_id
         return holders
 
     def put(self, member: Member) -> None:

@@ -256,6 +256,9 @@ class Group:
     topology_version: Mapping[str, int] = field(default_factory=_empty_map)
     last_assignment_ms: int = 0
     members: Mapping[str, Member] = field(default_factory=lambda: MappingProxyType({}))
+    # Derived from ``members`` on first use (the group is immutable, so it never goes
+    # stale): a heartbeat on a large group must not rebuild it every time.
+    _holders: Mapping[str, str] | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topology_version", _frozen_map(self.topology_version))
@@ -287,8 +290,15 @@ class Group:
         """Members taking part in the group (not FENCED or EXPIRED), by id."""
         return {mid: m for mid, m in self.members.items() if m.is_live}
 
-    def holders(self) -> dict[str, str]:
-        """Shard -> id of the live member holding it, in ``assigned`` or ``pending_revocation``."""
+    def holders(self) -> Mapping[str, str]:
+        """Shard -> id of the live member holding it, in ``assigned`` or ``pending_revocation``
+        (computed once per group state)."""
+        if self._holders is None:
+            object.__setattr__(self, "_holders", MappingProxyType(self._compute_holders()))
+        assert self._holders is not None
+        return self._holders
+
+    def _compute_holders(self) -> dict[str, str]:
         holders: dict[str, str] = {}
         for member in self.members.values():
             if member.is_live:

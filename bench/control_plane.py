@@ -113,7 +113,10 @@ class SimulatedMember:
     revoked shards at once (a worker with nothing in flight)."""
 
     def __init__(self, client: CoordinatorClient, group: str, streams: list[str]) -> None:
-        self.client = client
+        # Its own keep-alive connection through the lean client (httpx would make the
+        # load generator, not the coordinator, the bottleneck with 1,000 members).
+        host, _, port = client.urls[0].removeprefix("http://").partition(":")
+        self.conn = LeanConnection(host, int(port))
         self.group = group
         self.streams = streams
         self.member_id = uuid.uuid4().hex
@@ -130,15 +133,16 @@ class SimulatedMember:
             subscriptions=self.streams if self.epoch == 0 else None,
             owned_shards=sorted(self.owned) if self.epoch else [],
         )
+        body = request.model_dump(mode="json", by_alias=True, exclude_none=True)
         for attempt in range(10):
-            try:
-                response = await self.client.heartbeat(self.group, request)
+            status, answer = await self.conn.post(f"/v1/groups/{self.group}/heartbeat", body)
+            if status == 200:
+                response = HeartbeatResponse.model_validate(answer)
                 break
-            except CoordinatorError as e:
-                if not e.retryable or attempt == 9:
-                    raise
-                self.retries += 1
-                await asyncio.sleep(0.05 * (attempt + 1))
+            if not answer.get("retryable") or attempt == 9:
+                raise CoordinatorError(answer["error"], answer["message"], status=status)
+            self.retries += 1
+            await asyncio.sleep(0.05 * (attempt + 1))
         self.last = response
         if response.status in ("FENCED", "UNKNOWN_MEMBER"):
             self.epoch = 0
@@ -208,7 +212,7 @@ async def bench_members(redis_url: str, members: int, seconds: float) -> dict[st
         procs.start("coordinator")
         await procs.ready()
         async with CoordinatorClient([f"http://127.0.0.1:{port}"], timeout=30) as client:
-            await client.create_stream("events", 256)
+            await client.create_stream("events", min(4096, max(256, 2 * members)))
             group = [SimulatedMember(client, "sim", ["events"]) for _ in range(members)]
             for i in range(0, members, 50):  # join in waves, as a deployment would
                 await asyncio.gather(*(m.heartbeat() for m in group[i : i + 50]))

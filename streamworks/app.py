@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 
 from streamworks.exceptions import ConfigurationError, NotConnectedError
 from streamworks.protocol.codec import Codec, JsonCodec
@@ -93,6 +95,8 @@ class App:
         self._connection: Connection | None = None
         self._connection_users = 0
         self._sync_publisher: SyncPublisher | None = None
+        self._loop_token: Any = None
+        self._loop_thread = 0
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, streams={list(self.streams)}, handlers={list(self.handlers)})"
@@ -164,6 +168,11 @@ class App:
             raise ConfigurationError("concurrency must be a positive int")
         if timeout is not None and timeout <= 0:
             raise ConfigurationError("timeout must be positive")
+        if idempotency_key is not None and inspect.iscoroutinefunction(idempotency_key):
+            raise ConfigurationError(
+                "idempotency_key must be a plain function (value, ctx) -> str; it is called "
+                "for every message before the handler and cannot be awaited"
+            )
 
         def register(fn: Callable[P, T]) -> Callable[P, T]:
             self.handlers[stream] = HandlerSpec(
@@ -279,11 +288,16 @@ class App:
             raise ConfigurationError(f"app {self.name!r} is already connected")
         self._connection = connection
         self._connection_users = 1
+        # Synchronous code in other threads (a sync handler, a thread pool) publishes
+        # through this connection by handing the call to its event loop.
+        self._loop_token = anyio.lowlevel.current_token()
+        self._loop_thread = threading.get_ident()
         try:
             yield connection
         finally:
             self._connection = None
             self._connection_users = 0
+            self._loop_token = None
 
     @contextlib.contextmanager
     def connect_sync(self, **kwargs: Any) -> Iterator[SyncPublisher]:
@@ -310,8 +324,27 @@ class App:
         event_id: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> Published:
-        """Publish from synchronous code: inside ``connect_sync()`` it reuses that
-        connection, otherwise it opens and closes one around this message."""
+        """Publish from synchronous code (a Django/Flask view, a sync handler).
+
+        In a thread other than the event loop's of an open connection (a worker's, a
+        TestRuntime's, ``app.connect()``'s) the call is handed to that loop; inside
+        ``connect_sync()`` it reuses that connection; otherwise it opens and closes a
+        connection around this message.
+        """
+        token = self._loop_token
+        if token is not None and self._connection is not None:
+            if threading.get_ident() == self._loop_thread:
+                raise ConfigurationError(
+                    "publish_sync() called on the event loop's own thread: it would "
+                    "block the loop; use `await app.publish(...)` there"
+                )
+            result: Published = anyio.from_thread.run(
+                functools.partial(
+                    self.publish, stream, value, key=key, event_id=event_id, headers=headers
+                ),
+                token=token,
+            )
+            return result
         if self._sync_publisher is not None:
             return self._sync_publisher.publish(
                 stream, value, key=key, event_id=event_id, headers=headers

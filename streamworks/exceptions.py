@@ -132,8 +132,11 @@ class Retry(HandlerSignal):
     """
 
     def __init__(self, delay: float | None = None, reason: str = "retry requested"):
+        reason = "retry requested" if reason is None else str(reason)
         super().__init__(reason)
-        self.delay = delay
+        # When the retry is scheduled: a negative or NaN delay means now, an infinite
+        # one the policy's backoff, and any delay is capped at a day.
+        self.delay = None if delay is None else float(delay)
         self.reason = reason
 
 

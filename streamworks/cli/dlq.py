@@ -94,7 +94,8 @@ def show(group: str, stream: str, limit: int, **flags: Any) -> None:
 def replay(group: str, stream: str, limit: int | None, **flags: Any) -> None:
     """Re-publish dead letters through normal routing, then remove them from the DLQ.
 
-    Poison entries without a payload are skipped (and kept)."""
+    Entries without a payload, or whose key or headers cannot be read (poison), are
+    kept in the DLQ and counted."""
 
     async def run(settings: Settings) -> None:
         redis = create_redis(settings)
@@ -123,21 +124,25 @@ def replay(group: str, stream: str, limit: int | None, **flags: Any) -> None:
                             if payload is None:
                                 skipped += 1
                                 continue
-                            headers = orjson.loads(fields[b"o.h"]) if b"o.h" in fields else None
-                            await producer.publish(
-                                stream,
-                                Record(
+                            try:
+                                record = Record(
                                     payload,
                                     key=_opt(fields, b"o.k"),
                                     event_id=_opt(fields, b"o.e"),
-                                    headers=headers,
-                                ),
-                            )
+                                    headers=_headers(fields),
+                                )
+                                await producer.publish(stream, record)
+                            except (ValueError, TypeError) as e:
+                                # A poison entry (key, headers or size unusable) is
+                                # kept in the DLQ and reported, not replayed.
+                                console.print(f"[yellow]kept {entry_id.decode()}: {e}")
+                                skipped += 1
+                                continue
                             await redis.xdel(key, entry_id)  # the DLQ is not a shard
                             done += 1
                             progress.advance(task)
                         await anyio.lowlevel.checkpoint()
-            console.print(f"replayed {done}, skipped {skipped} without payload")
+            console.print(f"replayed {done}, kept {skipped} (no payload, or unreadable)")
         finally:
             await redis.aclose()
 
@@ -146,7 +151,19 @@ def replay(group: str, stream: str, limit: int | None, **flags: Any) -> None:
 
 def _opt(fields: dict[bytes, bytes], name: bytes) -> str | None:
     value = fields.get(name)
-    return value.decode() if value is not None else None
+    return value.decode() if value is not None else None  # UnicodeDecodeError: ValueError
+
+
+def _headers(fields: dict[bytes, bytes]) -> dict[str, str] | None:
+    raw = fields.get(b"o.h")
+    if raw is None:
+        return None
+    headers = orjson.loads(raw)  # orjson.JSONDecodeError is a ValueError
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise ValueError("headers are not an object of strings")
+    return headers
 
 
 @dlq.command("purge")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
+import pydantic_core
 from pydantic import BaseModel
 
 from streamworks.exceptions import DecodeError
@@ -49,9 +50,11 @@ class JsonCodec:
             raise TypeError(f"cannot encode {type(value).__name__} as JSON: {e}") from e
 
     def decode(self, data: bytes) -> Any:
+        # pydantic-core's parser, not orjson's: it keeps integers beyond 64 bits exact
+        # (orjson would turn them into floats) at the same speed.
         try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError as e:
+            return pydantic_core.from_json(data, allow_inf_nan=False)
+        except ValueError as e:
             raise DecodeError(f"payload is not valid JSON: {e}") from e
 
 

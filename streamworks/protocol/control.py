@@ -34,9 +34,11 @@ __all__ = (
     "UnsubscribeRequest",
 )
 
+# (pydantic-core's regex engine: ``$`` is the end of the text, ``\d`` would match any
+# Unicode digit, hence [0-9].)
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
 ShardIdText = Annotated[
-    str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}/\d{1,6}@\d{1,9}$")
+    str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}/[0-9]{1,6}@[0-9]{1,9}$")
 ]
 MemberId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 ShortText = Annotated[str, StringConstraints(max_length=200)]
@@ -50,6 +52,13 @@ class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
+
+
+class _Request(_Model):
+    """Request bodies are validated strictly: ``"0"``, ``0.0`` or ``false`` is not an
+    integer, whatever lax coercion would make of it (the schema says integer)."""
+
+    model_config = ConfigDict(strict=True)
 
 
 class ErrorCode(StrEnum):
@@ -80,7 +89,7 @@ class HeartbeatStatus(StrEnum):
     UNKNOWN_MEMBER = "UNKNOWN_MEMBER"
 
 
-class HeartbeatRequest(_Model):
+class HeartbeatRequest(_Request):
     """A member's heartbeat (PROTOCOL §4)."""
 
     member_id: MemberId
@@ -133,12 +142,12 @@ class RoutingResponse(_Model):
     lease_ms: int
 
 
-class StreamCreateRequest(_Model):
+class StreamCreateRequest(_Request):
     name: Name
     shards: int = Field(ge=0, le=4096)
 
 
-class StreamScaleRequest(_Model):
+class StreamScaleRequest(_Request):
     shards: int = Field(ge=0, le=4096)
 
 
@@ -194,7 +203,7 @@ class StatusResponse(_Model):
     groups: list[GroupInfo]
 
 
-class UnsubscribeRequest(_Model):
+class UnsubscribeRequest(_Request):
     """Operator action: a group stops consuming a stream for good (its consumer groups
     on the stream's shards are destroyed, with their positions and pending entries)."""
 
@@ -203,7 +212,7 @@ class UnsubscribeRequest(_Model):
     confirm: Literal[True]
 
 
-class ReinitializeRequest(_Model):
+class ReinitializeRequest(_Request):
     """Operator recovery after metadata loss (E21): re-create one entity's metadata."""
 
     kind: Literal["stream", "group"]

@@ -73,6 +73,15 @@ def decode_fields(raw: Any) -> Envelope:
 
 
 def parse_fields(raw: Any) -> tuple[bytes, str | None, str | None, Mapping[str, str], int]:
+    """See :func:`_parse`; anything unexpected (a value that is not bytes, ...) is a
+    :class:`DecodeError` too, never another exception."""
+    try:
+        return _parse(raw)
+    except (TypeError, AttributeError) as e:
+        raise DecodeError(f"malformed entry: {e}") from e
+
+
+def _parse(raw: Any) -> tuple[bytes, str | None, str | None, Mapping[str, str], int]:
     """Parse the flat field list Redis returns for an entry into
     ``(payload, key, event_id, headers, published_at)``.
 

@@ -14,16 +14,17 @@ from streamworks.exceptions import ConfigurationError
 
 __all__ = ("NAME_PATTERN", "ShardId", "validate_name")
 
-#: Stream and group names: safe inside Redis keys, URLs and shard ids.
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+#: Stream and group names: safe inside Redis keys, URLs and shard ids. Use it with
+#: ``fullmatch`` (``match`` with ``$`` would accept a trailing newline).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SHARD_ID = re.compile(
-    r"^(?P<stream>[A-Za-z0-9][A-Za-z0-9._-]{0,99})/(?P<index>\d{1,6})@(?P<inc>\d{1,9})$"
+    r"(?P<stream>[A-Za-z0-9][A-Za-z0-9._-]{0,99})/(?P<index>[0-9]{1,6})@(?P<inc>[0-9]{1,9})"
 )
 
 
 def validate_name(kind: str, name: str) -> str:
     """Return ``name`` if it is a valid stream/group name, else raise ConfigurationError."""
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ConfigurationError(
             f"invalid {kind} name {name!r}: use 1-100 of A-Z a-z 0-9 . _ - "
             "starting with a letter or digit"
@@ -45,7 +46,7 @@ class ShardId:
     @classmethod
     def parse(cls, text: str) -> ShardId:
         """Parse ``stream/index@incarnation``; raise ConfigurationError when malformed."""
-        m = _SHARD_ID.match(text)
+        m = _SHARD_ID.fullmatch(text) if isinstance(text, str) else None
         if m is None:
             raise ConfigurationError(
                 f"invalid shard id {text!r}: expected stream/index@incarnation"

@@ -53,7 +53,8 @@ class Acker:
         else:
             batch.append(message)
         if message._retry_record:
-            self._retried.setdefault(reader, []).append(message._rid)
+            # The retry record and the run counter of a taken-over message (execution.py).
+            self._retried.setdefault(reader, []).extend((message._rid, message._rid + b":runs"))
         self._count += 1
         wakeup = self._wakeup
         if wakeup is not None and not wakeup.done():

@@ -25,6 +25,7 @@ a timer puts it back in the ready queue when it is due.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from streamworks.runtime.message import Message
 
 __all__ = ("Dispatcher", "Outcome")
+
+log = logging.getLogger("streamworks.dispatcher")
 
 #: What processing a message tells the dispatcher: None when the message is settled
 #: (acked, dead-lettered or dropped), or the monotonic time at which to run it again.
@@ -251,6 +254,11 @@ class Dispatcher:
                 running.add(message)
                 try:
                     due = await process(message)
+                except Exception:
+                    # A bug in the processing path (the handler's own failures are
+                    # settled by ``process``): keep the message, log, try again later.
+                    log.exception("processing %r failed; retrying it in 1 s", message)
+                    due = time.monotonic() + 1.0
                 finally:
                     running.discard(message)
                     if self._quiet and not running:

@@ -3,22 +3,32 @@
 :meth:`HandlerRuntime.process` is the straight line every message takes once the
 dispatcher gives it a turn:
 
-1. poison check — an entry that could not be parsed, or whose payload does not
+1. ownership — a message whose shard was revoked, or whose lease ran out while it
+   was queued, is not started: it stays pending for the shard's owner;
+2. poison check — an entry that could not be parsed, or whose payload does not
    decode/validate into the handler's parameter type, goes to the dead-letter stream
    at once, never retried;
-2. idempotency — with ``idempotency_key=``, a key already completed means a
+3. attempts — a message taken over from another member counts the runs that member
+   started and never finished, so a message that kills every worker that runs it is
+   dead-lettered (``crashed``) instead of looping forever;
+4. idempotency — with ``idempotency_key=``, a key already completed means a
    duplicate: ack without calling the handler (E23);
-3. the handler — async in place, sync in a worker thread; ``Skip`` acks,
-   ``Retry``/exceptions/timeouts count as failed attempts;
-4. settle — success: queue the ack (batched, see ``acks.py``); failure: persist the
+5. the handler — async in place, sync in a worker thread; ``Skip`` acks;
+   ``Retry``, any exception (even ``SystemExit`` or a ``CancelledError`` the handler
+   raised itself) and timeouts count as failed attempts — a handler cannot take the
+   worker down;
+6. settle — success: queue the ack (batched, see ``acks.py``); failure: persist the
    attempt count and due time in the shard's retry record, then retry after the
    backoff; attempts exhausted: dead-letter, then ack.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import logging
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -36,19 +46,32 @@ if TYPE_CHECKING:
     from streamworks.runtime.idempotency import IdempotencyStore
     from streamworks.runtime.worker import Worker
 
-__all__ = ("HandlerRuntime", "HandlerStatistics")
+__all__ = ("HandlerRuntime", "HandlerStatistics", "describe")
 
 log = logging.getLogger("streamworks.handler")
 
 #: Delay before re-trying a message whose DLQ write or idempotency check could not
 #: be done (Redis trouble); not counted as an attempt.
 _INFRA_RETRY = 1.0
+#: Longest backoff honoured, whatever a handler asks for.
+_MAX_DELAY = 86_400.0
+#: Dead-letter error texts are cut to this many characters.
+_MAX_ERROR = 4_000
 
 
 class HandlerStatistics:
     """Counters of one handler in one worker."""
 
-    __slots__ = ("dead_lettered", "duplicates", "failed", "handled", "poison", "retried", "skipped")
+    __slots__ = (
+        "crashed",
+        "dead_lettered",
+        "duplicates",
+        "failed",
+        "handled",
+        "poison",
+        "retried",
+        "skipped",
+    )
 
     def __init__(self) -> None:
         self.handled = 0  # handler returned (or Skip): acked
@@ -56,11 +79,31 @@ class HandlerStatistics:
         self.retried = 0  # re-runs scheduled
         self.dead_lettered = 0
         self.poison = 0  # dead-lettered because undecodable
+        self.crashed = 0  # dead-lettered because every run died with its worker
         self.duplicates = 0  # skipped by the idempotency store
         self.skipped = 0  # handler raised Skip
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message`` of an exception, even one whose ``str()`` fails."""
+    try:
+        text = str(error)
+    except Exception:
+        text = "<unprintable>"
+    # Always "Name: text", even with an empty text: one shape for whoever parses it.
+    return f"{type(error).__name__}: {text}"
+
+
+def _cancelled_from_outside(error: BaseException) -> bool:
+    """A real cancellation of this task (a cancel scope, a hard stop), as opposed to a
+    ``CancelledError`` the handler raised itself (e.g. awaiting a cancelled future)."""
+    if not isinstance(error, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
 
 
 class HandlerRuntime:
@@ -104,6 +147,7 @@ class HandlerRuntime:
     def _dropped(self, message: Message) -> None:
         reader = message._reader
         if reader is not None:
+            reader.recovering = True  # it stays pending: the next takeover round has it
             reader.settle(message)
 
     # -- the straight line ---------------------------------------------------------------
@@ -115,11 +159,12 @@ class HandlerRuntime:
         if not reader.accepting or not self._lease.valid():
             # Revoked, or the lease ran out while it was queued (e.g. the process was
             # paused): never start it; it stays pending for the shard's owner.
-            reader.recovering = True
-            reader.settle(message)
+            self._dropped(message)
             return None
         if message._error is not None:
             return await self._dead_letter(message, "poison", message._error)
+        if message._claimed and await self._count_run(message):
+            return None  # dead-lettered: it kept killing its workers
         decode = self.plan.decode
         value: Any = None
         if decode is not None:
@@ -128,16 +173,19 @@ class HandlerRuntime:
             except DecodeError as e:
                 return await self._dead_letter(message, "poison", str(e))
         try:
-            await self._invoke(value, message)
+            result = await self._invoke(value, message)
+            if result is not None and inspect.isawaitable(result):
+                _discard(result)
+                raise TypeError("the handler returned an awaitable it did not await")
         except Skip:
             self.statistics.skipped += 1
         except Retry as signal:
             return await self._failed(message, signal.reason, signal.delay)
-        except Exception as e:  # the handler's failure, whatever it is
-            return await self._failed(message, f"{type(e).__name__}: {e}", None)
-        except BaseException:
-            reader.settle(message)  # cancelled: the entry stays pending
-            raise
+        except BaseException as e:
+            if _cancelled_from_outside(e):
+                self._dropped(message)  # a hard stop: the entry stays pending
+                raise
+            return await self._failed(message, describe(e), None, e)
         self.statistics.handled += 1
         self.acker.ack(message)
         return None
@@ -147,11 +195,12 @@ class HandlerRuntime:
         reader = message._reader
         assert reader is not None
         if not reader.accepting or not self._lease.valid():
-            reader.recovering = True
-            reader.settle(message)  # revoked/lease lost while queued: leave it pending
+            self._dropped(message)  # revoked/lease lost while queued: leave it pending
             return None
         if message._error is not None:
             return await self._dead_letter(message, "poison", message._error)
+        if message._claimed and await self._count_run(message):
+            return None  # dead-lettered: it kept killing its workers
         plan = self.plan
         value: Any = None
         if plan.decode is not None:
@@ -166,9 +215,12 @@ class HandlerRuntime:
         if self.spec.idempotency_key is not None:
             assert context is not None
             try:
-                idem_key = self.spec.idempotency_key(value, context)
+                raw_key = self.spec.idempotency_key(value, context)
+                idem_key = None if raw_key is None else str(raw_key)
             except Exception as e:
-                return await self._dead_letter(message, "poison", f"idempotency_key failed: {e!r}")
+                return await self._dead_letter(
+                    message, "poison", f"idempotency_key failed: {describe(e)}"
+                )
             if idem_key is not None:
                 context.idempotency_key = idem_key
                 outcome = await self._claim(message, idem_key)
@@ -181,13 +233,12 @@ class HandlerRuntime:
         except Retry as signal:
             await self._release(idem_key)
             return await self._failed(message, signal.reason, signal.delay)
-        except Exception as e:  # the handler's failure, whatever it is
+        except BaseException as e:
+            if _cancelled_from_outside(e):
+                self._dropped(message)  # a hard stop: the entry stays pending
+                raise
             await self._release(idem_key)
-            return await self._failed(message, f"{type(e).__name__}: {e}", None)
-        except BaseException:
-            # Cancelled (hard stop after the lease grace): the entry stays pending.
-            reader.settle(message)
-            raise
+            return await self._failed(message, describe(e), None, e)
         if idem_key is not None and self.idempotency is not None:
             try:
                 await self.idempotency.complete(idem_key)
@@ -205,21 +256,57 @@ class HandlerRuntime:
         else:
             args = bind_arguments(plan, value, message, context)
         timeout = self.spec.timeout
-        if plan.is_async:
-            if timeout is None:
-                await fn(*args)
-            else:
-                with anyio.fail_after(timeout):
-                    await fn(*args)
-        else:
+        try:
+            if plan.is_async:
+                with anyio.fail_after(timeout) if timeout is not None else _NO_TIMEOUT:
+                    result = await fn(*args)
+                if result is not None and inspect.isawaitable(result):
+                    _discard(result)
+                    raise TypeError("the handler returned an awaitable it did not await")
+                return
             call = functools.partial(fn, *args)
-            if timeout is None:
-                await anyio.to_thread.run_sync(call, limiter=self._limiter)
-            else:
-                with anyio.fail_after(timeout):
-                    await anyio.to_thread.run_sync(
-                        call, limiter=self._limiter, abandon_on_cancel=True
-                    )
+            with anyio.fail_after(timeout) if timeout is not None else _NO_TIMEOUT:
+                # A thread cannot be cancelled: after a timeout it is abandoned (it may
+                # still finish later) and the attempt counts as failed.
+                result = await anyio.to_thread.run_sync(
+                    call, limiter=self._limiter, abandon_on_cancel=timeout is not None
+                )
+                if result is not None and inspect.isawaitable(result):
+                    await result  # a plain function returning a coroutine, e.g. a lambda
+        except TimeoutError as e:
+            if timeout is not None and not str(e):
+                raise TimeoutError(f"the handler did not finish within {timeout}s") from None
+            raise
+
+    async def _count_run(self, message: Message) -> bool:
+        """Count a run of a message taken over from another member (persisted before it
+        starts): runs that never finished are attempts too. True when the message must
+        not run again (it has been dead-lettered as ``crashed``)."""
+        reader = message._reader
+        assert reader is not None
+        message._claimed = False
+        try:
+            runs = int(
+                await self.worker.redis.hincrby(reader.retry_key, message._rid + b":runs", 1)
+            )
+        except RedisError as e:
+            log.warning("could not count the run of %s: %s", message.id, e)
+            return False
+        message._retry_record = True
+        # The first delivery's run may or may not have started, so it is not counted:
+        # a message that kills its worker every time gets max_attempts runs after it.
+        if runs > message._failures + 1:
+            message._failures = runs - 1
+        if message._failures >= self.spec.retry.max_attempts:
+            self.statistics.crashed += 1
+            await self._dead_letter(
+                message,
+                "crashed",
+                f"started {runs} times on taken-over deliveries without finishing "
+                "(the worker running it died each time)",
+            )
+            return True
+        return False
 
     # -- idempotency -------------------------------------------------------------------
     async def _claim(self, message: Message, key: str) -> object:
@@ -248,15 +335,37 @@ class HandlerRuntime:
             log.warning("idempotency release(%s) failed: %s", key, e)
 
     # -- failure paths -------------------------------------------------------------------
-    async def _failed(self, message: Message, error: str, delay: float | None) -> Outcome:
+    async def _failed(
+        self,
+        message: Message,
+        error: str,
+        delay: float | None,
+        exception: BaseException | None = None,
+    ) -> Outcome:
         stats = self.statistics
         stats.failed += 1
         failures = message._failures + 1
         message._failures = failures
         policy = self.spec.retry
+        if exception is not None and not isinstance(exception, Exception):
+            log.error(
+                "handler of %s raised %s (not an Exception) on %s %s: counted as a failed "
+                "attempt; the worker carries on",
+                message.stream,
+                type(exception).__name__,
+                message.shard,
+                message.id,
+            )
         if failures >= policy.max_attempts:
             return await self._dead_letter(message, "max_attempts", error)
-        wait = policy.delay(failures) if delay is None else max(0.0, delay)
+        if delay is not None and math.isinf(delay):
+            # Retry(delay=inf) would park the message for ever: a handler bug, so the
+            # policy's backoff applies and the log says why.
+            log.warning("Retry(delay=%r) on %s: the policy's backoff applies", delay, message.id)
+            delay = None
+        wait = policy.delay(failures) if delay is None else delay
+        wait = 0.0 if math.isnan(wait) or wait < 0 else wait  # NaN and negative: now
+        wait = min(wait, _MAX_DELAY)
         due_ms = int(time.time() * 1000 + wait * 1000)
         reader = message._reader
         assert reader is not None
@@ -273,7 +382,7 @@ class HandlerRuntime:
             message.id,
             failures,
             policy.max_attempts,
-            error,
+            _clip(error, 500),
             wait,
         )
         return time.monotonic() + wait
@@ -287,13 +396,17 @@ class HandlerRuntime:
         if isinstance(raw, list):
             for i in range(0, len(raw) - 1, 2):
                 name = raw[i]
-                fields[b"o." + (name if isinstance(name, bytes) else str(name).encode())] = raw[
-                    i + 1
-                ]
+                value = raw[i + 1]
+                fields[b"o." + (name if isinstance(name, bytes) else str(name).encode())] = (
+                    value if isinstance(value, bytes) else str(value).encode()
+                )
+        text = error[:_MAX_ERROR]  # a hard cap on the entry's size
         fields.update(
             {
                 "reason": reason,
-                "error": error[:4000],
+                # Lone surrogates (e.g. file names decoded with surrogateescape) cannot
+                # be UTF-8 encoded: keep them visible as escapes.
+                "error": text.encode("utf-8", "backslashreplace"),
                 "attempts": str(message._failures),
                 "stream": message.stream,
                 "shard": message.shard,
@@ -311,12 +424,36 @@ class HandlerRuntime:
         self.statistics.dead_lettered += 1
         if reason == "poison":
             self.statistics.poison += 1
-        log.warning("dead-lettered %s %s (%s): %s", message.shard, message.id, reason, error[:200])
+        log.warning(
+            "dead-lettered %s %s (%s): %s", message.shard, message.id, reason, _clip(error, 200)
+        )
         self.acker.ack(message)
         return None
 
 
 _CLAIMED = object()
+
+
+class _NoTimeout:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_TIMEOUT = _NoTimeout()
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+def _discard(awaitable: Any) -> None:
+    """Close an un-awaited coroutine (no "never awaited" warning on top of the error)."""
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
 
 
 def _invoker(fn: Any, order: tuple[str, ...]) -> Any:
@@ -331,8 +468,4 @@ def _invoker(fn: Any, order: tuple[str, ...]) -> Any:
         return lambda value, message: fn(message, value)
     if order == ():
         return lambda value, message: fn()
-    return lambda value, message: fn(*bind_arguments_static(order, value, message))
-
-
-def bind_arguments_static(order: tuple[str, ...], value: Any, message: Message) -> list[Any]:
-    return [value if kind == "value" else message for kind in order]
+    return lambda value, message: fn(*[value if kind == "value" else message for kind in order])

@@ -39,6 +39,7 @@ class Message:
     """
 
     __slots__ = (
+        "_claimed",
         "_error",
         "_failures",
         "_fields",
@@ -78,6 +79,7 @@ class Message:
         # Runtime bookkeeping.
         self.due = 0.0  # monotonic time before which the message must not run
         self._failures = 0
+        self._claimed = False  # taken over from a pending list (maybe run before)
         self._retry_record = False  # a retry record exists in Redis for this entry
         self._reader: ShardReader | None = None
         self._fields: list[Any] | None = None  # raw entry fields (kept for the DLQ)
@@ -103,6 +105,7 @@ class Message:
         message._fields = fields
         message.due = 0.0
         message._failures = 0
+        message._claimed = False
         message._retry_record = False
         try:
             (
@@ -164,3 +167,15 @@ class Context:
     ) -> Published:
         """Publish through the app's connection (same routing as ``app.publish``)."""
         return await self.app.publish(stream, value, key=key, event_id=event_id, headers=headers)
+
+    def publish_sync(
+        self,
+        stream: str,
+        value: Any,
+        *,
+        key: str | None = None,
+        event_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Published:
+        """:meth:`publish` for a plain ``def`` handler (it runs in a worker thread)."""
+        return self.app.publish_sync(stream, value, key=key, event_id=event_id, headers=headers)

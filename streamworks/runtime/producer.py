@@ -88,6 +88,15 @@ class Producer:
         self.statistics = ProducerStatistics()
 
     def _fields(self, record: Record, now: str | None = None) -> list[bytes | str]:
+        # Refuse here what the consumers would have to dead-letter as poison.
+        if record.key is not None and type(record.key) is not str:
+            raise TypeError(f"key must be a str, not {type(record.key).__name__}")
+        if record.event_id is not None and type(record.event_id) is not str:
+            raise TypeError(f"event_id must be a str, not {type(record.event_id).__name__}")
+        if record.headers and not all(
+            type(k) is str and type(v) is str for k, v in record.headers.items()
+        ):
+            raise TypeError("headers must map str to str")
         payload = self._codec.encode(record.value)
         if len(payload) > MAX_PAYLOAD:
             raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
@@ -168,10 +177,12 @@ class Producer:
         encoded: list[list[bytes | str]],
     ) -> list[Any]:
         """The batch through redis-py's pipeline (needed for the dedup script)."""
-        pipe = self._redis.pipeline(transaction=False)
-        for i, route in zip(todo, routes, strict=True):
-            await self._queue_add(pipe, stream, route, records[i].event_id, encoded[i])
-        return list(await pipe.execute(raise_on_error=False))
+        # As a context manager: a pipeline whose execute failed half-way (its script
+        # check, a cut connection) is reset and its connection released either way.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for i, route in zip(todo, routes, strict=True):
+                await self._queue_add(pipe, stream, route, records[i].event_id, encoded[i])
+            return list(await pipe.execute(raise_on_error=False))
 
     def _retired(self, stream: str, table: RoutingTable) -> None:
         # E16: the key was retired after this table was issued; nothing was written.

@@ -219,6 +219,7 @@ class ShardReader:
                 if rid in held:
                     continue  # already ours, in flight or waiting for a retry
                 message = make(rid, stream, shard, self, fields)
+                message._claimed = True
                 if record:
                     _apply_retry_record(message, record, now_ms)
                 messages.append(message)

@@ -168,16 +168,16 @@ class RuntimeObservations(abc.ABC):
         key = self.keyspace.dead_letters(self.app.name, stream)
         out = []
         for entry_id, fields in await self.redis.xrange(key):
-            text = {k.decode(): v for k, v in fields.items()}
+            text = {k.decode(errors="replace"): v for k, v in fields.items()}
             out.append(
                 DeadLetter(
                     entry_id=entry_id.decode(),
-                    reason=text["reason"].decode(),
-                    error=text["error"].decode(),
-                    attempts=int(text["attempts"]),
-                    stream=text["stream"].decode(),
-                    shard=text["shard"].decode(),
-                    origin_id=text["entry_id"].decode(),
+                    reason=text["reason"].decode(errors="replace"),
+                    error=text["error"].decode(errors="replace"),
+                    attempts=int(text.get("attempts", b"0") or 0),
+                    stream=text["stream"].decode(errors="replace"),
+                    shard=text["shard"].decode(errors="replace"),
+                    origin_id=text["entry_id"].decode(errors="replace"),
                     payload=text.get("o.v"),
                     key=text["o.k"].decode(errors="replace") if "o.k" in text else None,
                     fields=text,
@@ -280,39 +280,62 @@ class TestRuntime(RuntimeObservations):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        # Every step runs even when an earlier one raised: a worker task that crashed
+        # has cancelled this very task through the task group, so the first await
+        # below raises, and skipping the rest would hide the worker's error (raised by
+        # the task group's exit) and leak the server and the keys. The nested context
+        # managers are exited innermost first, as their cancel scopes require.
+        tg, self._tg = self._tg, None
+        error: BaseException | None = None
         try:
             for slot in self.slots:
                 if not slot.done.is_set():
                     slot.worker.request_stop()
-            if self._tg is not None:
+            if tg is not None:
                 with anyio.move_on_after(self.settings.worker.shutdown_timeout + 5):
                     for slot in self.slots:
                         await slot.done.wait()
-                if self._attach is not None:
-                    await self._attach.__aexit__(None, None, None)
-                    self._attach = None
-                if self._connection_cm is not None:
-                    await self._connection_cm.__aexit__(None, None, None)
-                    self._connection_cm = None
-                if self._http_server is not None:
-                    # A graceful stop closes the listening socket; a cancel would not.
-                    self._http_server.should_exit = True
-                    with anyio.move_on_after(5):
-                        await self._http_done.wait()
-                self._tg.cancel_scope.cancel()
-                await self._tg.__aexit__(None, None, None)
-                self._tg = None
+        except BaseException as e:
+            error = e
+        for name in ("_attach", "_connection_cm"):
+            cm = getattr(self, name)
+            setattr(self, name, None)
+            if cm is not None:
+                try:
+                    await cm.__aexit__(None, None, None)
+                except BaseException as e:
+                    error = error or e
+        if self._http_server is not None and error is None:
+            # A graceful stop closes the listening socket; a cancel would not.
+            self._http_server.should_exit = True
+            with anyio.move_on_after(5):
+                await self._http_done.wait()
+        try:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                # Raises what a worker crashed with (an ExceptionGroup), if one did; a
+                # cancellation the task group itself caused is swallowed here.
+                if error is None:
+                    await tg.__aexit__(None, None, None)
+                elif not await tg.__aexit__(type(error), error, error.__traceback__):
+                    raise error
+            elif error is not None:
+                raise error
         finally:
-            if self.coordinator is not None:
-                await self.coordinator.aclose()
-            if self.redis is not None:
-                if self._own_prefix:
-                    await delete_prefix(self.redis, self.settings.key_prefix)
-                await self.redis.aclose()
-                self.redis = None
-            if self._server is not None:
-                self._server.stop()
-                self._server = None
+            with anyio.CancelScope(shield=True):
+                await self._release()
+
+    async def _release(self) -> None:
+        if self.coordinator is not None:
+            await self.coordinator.aclose()
+        if self.redis is not None:
+            if self._own_prefix:
+                await delete_prefix(self.redis, self.settings.key_prefix)
+            await self.redis.aclose()
+            self.redis = None
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
     async def _serve_http(self, *, task_status: TaskStatus[None]) -> None:
         import uvicorn

@@ -31,21 +31,15 @@ from tests.support import wait_for
 
 TOKEN = "badinput-fatal-3f9a17c2"
 
-EXIT_ZERO = pytest.mark.xfail(
-    strict=True,
-    reason="product bug: the worker process exits with status 0 (success) when a handler "
-    "raises SystemExit(0) or its thread calls _thread.exit(); a supervisor that restarts "
-    "failed workers only (systemd Restart=on-failure, a Kubernetes Job) leaves it dead",
-)
 
 KINDS = [
     (fatal_app.ASYNC_STREAM, "KeyboardInterrupt", "KeyboardInterrupt"),
-    pytest.param(fatal_app.ASYNC_STREAM, "SystemExit(0)", "SystemExit", marks=EXIT_ZERO),
+    (fatal_app.ASYNC_STREAM, "SystemExit(0)", "SystemExit"),
     (fatal_app.ASYNC_STREAM, "SystemExit(3)", "SystemExit"),
     (fatal_app.ASYNC_STREAM, "FatalError", "FatalError"),
     (fatal_app.ASYNC_STREAM, "GeneratorExit", "GeneratorExit"),
     (fatal_app.SYNC_STREAM, "KeyboardInterrupt", "KeyboardInterrupt"),
-    pytest.param(fatal_app.SYNC_STREAM, "thread exit", "SystemExit", marks=EXIT_ZERO),
+    (fatal_app.SYNC_STREAM, "thread exit", "SystemExit"),
     (fatal_app.SYNC_STREAM, "FatalError", "FatalError"),
 ]
 

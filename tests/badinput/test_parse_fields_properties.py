@@ -134,12 +134,6 @@ RESP = st.recursive(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="robustness gap: parse_fields raises TypeError/AttributeError instead of "
-    "DecodeError for a field value that is not a byte string (an integer, nil or array, "
-    "which a RESP reply or script can carry); it would escape the poison path",
-)
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(NAMES), RESP), min_size=1, max_size=6))
 @example([(b"v", 5), (b"t", b"1"), (b"f", b"1")])  # an integer payload, fast path

@@ -174,11 +174,6 @@ def _good(kind: str) -> Any:
 BIG = 2**64 + 1  # outside what a 64-bit integer holds
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: dict/list/Any handlers decode with orjson, which turns integers "
-    "outside 64 bits into floats (precision silently lost); a model handler keeps them",
-)
 async def test_integers_beyond_64_bits_are_never_silently_rounded(
     streamworks_runtime: Callable[..., TestRuntime],
 ) -> None:
@@ -198,11 +193,6 @@ async def test_integers_beyond_64_bits_are_never_silently_rounded(
         assert got == [BIG] or (got == [] and len(dead) == 1), (got, dead)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: the producer writes headers with non-string values and keys or "
-    "event ids that are not UTF-8; its own consumers then dead-letter them as poison",
-)
 @pytest.mark.parametrize(
     "bad",
     [

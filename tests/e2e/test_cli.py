@@ -197,6 +197,15 @@ async def test_dlq_ls_show_replay_purge(cluster: Cluster, redis: Any) -> None:
         after = await cluster.cli("dlq", "ls", env=WIDE)
         assert after.returncode == 0 and STREAM not in text(after)[0], text(after)
 
+        # Poison dead letters (headers not JSON, a key not UTF-8) are kept and reported,
+        # and the replay goes on past them.
+        await redis.xadd(dlq_key, {"reason": "poison", "o.v": b"{}", "o.h": b"{nope"})
+        await redis.xadd(dlq_key, {"reason": "poison", "o.v": b"{}", "o.k": b"\xff\xfe"})
+        kept = await cluster.cli("dlq", "replay", GROUP, STREAM, env=WIDE)
+        assert kept.returncode == 0, text(kept)
+        assert "replayed 0, kept 2" in text(kept)[0], text(kept)
+        assert await redis.xlen(dlq_key) == 2
+
 
 async def test_dev_starts_prints_its_coordinator_and_stops_on_sigint(cluster: Cluster) -> None:
     """``streamworks dev examples.orders.app:app --workers 2``: an embedded Redis (even

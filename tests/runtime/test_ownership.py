@@ -21,12 +21,12 @@ from tests.support import wait_for
 SHARD = ShardId("orders", 0)
 
 
-def one_shard_app() -> tuple[App, list[Any]]:
+def one_shard_app(ordering: str = "key") -> tuple[App, list[Any]]:
     app = App("g")
     app.stream("orders", shards=1)
     seen: list[Any] = []
 
-    @app.handler("orders")
+    @app.handler("orders", ordering=ordering)  # type: ignore[arg-type]
     async def handle(value: dict[str, Any], msg: Message) -> None:
         seen.append(value["n"])
 
@@ -41,7 +41,7 @@ async def group_info(rt: TestRuntime | StaticRuntime) -> dict[str, Any]:
 async def test_takeover_claims_the_previous_owners_pending_entries_first(
     streamworks_redis_url: str,
 ) -> None:
-    app, seen = one_shard_app()
+    app, seen = one_shard_app(ordering="shard")
     async with StaticRuntime(app, workers=0, redis_url=streamworks_redis_url) as rt:
         key = rt.keyspace.stream(SHARD)
         for n in range(5):

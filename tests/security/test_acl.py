@@ -52,7 +52,11 @@ async def test_each_role_works_with_its_acl_and_only_with_it(acl_server: Any) ->
     app.stream("orders", shards=2, delete_on_ack=True, dedup_window=60)
     handled: list[int] = []
 
-    @app.handler("orders", retry=RetryPolicy(max_attempts=2, backoff=0.01), idempotency_key=lambda v, c: str(v["n"]))
+    @app.handler(
+        "orders",
+        retry=RetryPolicy(max_attempts=2, backoff=0.01),
+        idempotency_key=lambda v, c: str(v["n"]),
+    )
     async def handle(value: dict[str, int]) -> None:
         if value["n"] == 7:
             raise RuntimeError("dead-letter me")
@@ -63,9 +67,12 @@ async def test_each_role_works_with_its_acl_and_only_with_it(acl_server: Any) ->
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(service.run_loop)
-            async with open_connection(
-                app, base, redis=clients["producer"], coordinator=transport
-            ) as conn, app.attached(conn):
+            async with (
+                open_connection(
+                    app, base, redis=clients["producer"], coordinator=transport
+                ) as conn,
+                app.attached(conn),
+            ):
                 worker = Worker(
                     app,
                     clients["worker"],

@@ -220,7 +220,7 @@ def _validate(request: HeartbeatInput) -> None:
         raise InvalidHeartbeat("rebalance_timeout_ms must be > 0")
     if request.subscriptions is not None:
         for stream in request.subscriptions:
-            if not NAME_PATTERN.match(stream):
+            if not NAME_PATTERN.fullmatch(stream):
                 raise InvalidHeartbeat(f"invalid stream name in subscriptions: {stream!r}")
     if request.member_epoch == 0:
         if not request.subscriptions:

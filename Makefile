@@ -34,5 +34,8 @@ bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt
 	$(PY) bench/run_all.py
 
+chaos: venv ## fault injection: 30 min of seeded faults, then the checker (CHAOS_ARGS="--seed N --duration S")
+	$(PY) -m tests.chaos $(CHAOS_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

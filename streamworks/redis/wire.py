@@ -16,7 +16,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-__all__ = ("pack", "run_batch")
+__all__ = ("call", "pack", "run_batch")
 
 Arg = bytes | str | int
 
@@ -62,6 +62,26 @@ async def run_batch(redis: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         # Anything else (timeout, cancellation, lost connection) may leave replies
         # unread on the socket: it must not go back to the pool as is.
         await connection.disconnect()
+        raise
+    finally:
+        await pool.release(connection)
+
+
+async def call(redis: Any, args: Sequence[Arg]) -> Any:
+    """One command on a pooled connection, hand-packed; an error reply raises its
+    :class:`ResponseError` (``NoScriptError`` for ``NOSCRIPT``). The reply is the
+    parser's, without redis-py's per-command response callbacks."""
+    if type(redis) is not Redis:
+        return await redis.execute_command(*args)
+    pool = redis.connection_pool
+    connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+    try:
+        await connection.send_packed_command(pack(args))
+        return await connection.read_response()
+    except ResponseError:
+        raise  # a complete error reply: the connection stays in sync
+    except BaseException:
+        await connection.disconnect()  # a reply may be left unread
         raise
     finally:
         await pool.release(connection)

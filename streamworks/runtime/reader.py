@@ -32,6 +32,7 @@ import anyio
 from redis.exceptions import RedisError, ResponseError
 
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.wire import call
 from streamworks.runtime.message import Message
 
 if TYPE_CHECKING:
@@ -132,10 +133,11 @@ class ShardReader:
         await anyio.sleep(delay)
 
     async def _read_round(self) -> None:
-        reply = await self.worker.scripts.read(
-            keys=[self.stream_key, self.fence_key],
+        reply = await self.worker.scripts.call(
+            "read",
+            [self.stream_key, self.fence_key],
             # Never more than the read-ahead room left: bounded memory per shard.
-            args=[
+            [
                 self.group,
                 self.consumer,
                 self.token,
@@ -174,8 +176,9 @@ class ShardReader:
         # A plain blocking XREAD (no group): it only waits, so it cannot take entries
         # from anyone, and it runs on a pooled connection whose socket timeout stays
         # above the BLOCK time (redis/client.py).
-        await self.worker.redis.execute_command(
-            "XREAD", "BLOCK", self._block_ms, "COUNT", 1, "STREAMS", self.stream_key, last_id
+        await call(
+            self.worker.redis,
+            ["XREAD", "BLOCK", self._block_ms, "COUNT", 1, "STREAMS", self.stream_key, last_id],
         )
 
     def _refused(self, status: int, reply: list[Any]) -> None:

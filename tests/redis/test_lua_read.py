@@ -170,3 +170,26 @@ async def test_retired_key_is_not_resurrected(
 
     assert await read(scripts, stream, fence_key) == [-2]
     assert await redis.exists(stream) == 0
+
+
+async def test_the_hot_path_call_matches_the_script_object_and_reloads_on_noscript(
+    redis: Any, scripts: Scripts, keyspace: Keyspace
+) -> None:
+    """``Scripts.call`` (hand-packed EVALSHA, used by the reader) answers exactly what
+    redis-py's script object answers, and loads the script again after the server's
+    script cache was flushed (a restarted or failed-over server)."""
+    stream, fence_key = await fenced_shard(redis, scripts, keyspace)
+    ids = await add_entries(redis, stream, 4)
+    first = await scripts.call("read", [stream, fence_key], [GROUP, MEMBER, TOKEN, 2])
+    assert first[0] == 1 and [text(e[0]) for e in first[1]] == ids[:2]
+    await redis.script_flush()
+    second = await scripts.call("read", [stream, fence_key], [GROUP, MEMBER, TOKEN, 2])
+    assert second[0] == 1 and [text(e[0]) for e in second[1]] == ids[2:]
+    assert await scripts.call("read", [stream, fence_key], [GROUP, MEMBER, TOKEN, 2]) == [
+        0,
+        ids[3].encode(),
+    ]
+    assert await scripts.call("read", [stream, fence_key], [GROUP, MEMBER, "8:x", 2]) == [
+        -1,
+        TOKEN.encode(),
+    ]

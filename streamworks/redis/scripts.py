@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import NoScriptError
 
-from streamworks.redis.wire import Arg, call
+from streamworks.redis.wire import Arg, call, run_batch
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
@@ -79,3 +79,21 @@ class Scripts:
         except NoScriptError:
             await self._client.script_load(script.script)
             return await call(self._client, command)
+
+    async def call_after(
+        self, first: list[Arg], name: str, keys: list[Arg], args: list[Arg]
+    ) -> Any:
+        """Send ``first`` (a blocking command, such as ``XREAD BLOCK``) and script
+        ``name`` in one write on one connection and return the script's reply: Redis
+        runs the script the moment ``first`` returns, with no round trip between."""
+        script = getattr(self, name)
+        waited, reply = await run_batch(
+            self._client, [first, ["EVALSHA", script.sha, len(keys), *keys, *args]]
+        )
+        if isinstance(waited, Exception):
+            raise waited
+        if isinstance(reply, NoScriptError):
+            return await self.call(name, keys, args)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply

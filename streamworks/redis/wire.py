@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -57,14 +58,11 @@ async def run_batch(redis: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
                 replies.append(await connection.read_response())
             except ResponseError as e:  # an error reply; the connection stays in sync
                 replies.append(e)
-        return replies
     except BaseException:
-        # Anything else (timeout, cancellation, lost connection) may leave replies
-        # unread on the socket: it must not go back to the pool as is.
-        await connection.disconnect()
+        await _discard(pool, connection)
         raise
-    finally:
-        await pool.release(connection)
+    await pool.release(connection)
+    return replies
 
 
 async def call(redis: Any, args: Sequence[Arg]) -> Any:
@@ -77,11 +75,24 @@ async def call(redis: Any, args: Sequence[Arg]) -> Any:
     connection = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         await connection.send_packed_command(pack(args))
-        return await connection.read_response()
+        reply = await connection.read_response()
     except ResponseError:
-        raise  # a complete error reply: the connection stays in sync
-    except BaseException:
-        await connection.disconnect()  # a reply may be left unread
+        await pool.release(connection)  # a complete error reply: still in sync
         raise
-    finally:
-        await pool.release(connection)
+    except BaseException:
+        await _discard(pool, connection)
+        raise
+    await pool.release(connection)
+    return reply
+
+
+async def _discard(pool: Any, connection: Any) -> None:
+    """After a timeout, a cancellation or a lost connection, replies may be left unread
+    on the socket (or a command queued behind a blocking one): close the connection
+    before it goes back to the pool. Shielded, so a cancellation cannot leave it
+    half-closed or out of the pool."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await connection.disconnect()
+        finally:
+            await pool.release(connection)

@@ -32,7 +32,7 @@ import anyio
 from redis.exceptions import RedisError, ResponseError
 
 from streamworks.protocol.shards import ShardId
-from streamworks.redis.wire import call
+from streamworks.redis.wire import Arg
 from streamworks.runtime.message import Message
 
 if TYPE_CHECKING:
@@ -78,6 +78,8 @@ class ShardReader:
         self._limit = worker.settings.worker.read_batch * worker.settings.worker.read_ahead
         self._batch = worker.settings.worker.read_batch
         self._block_ms = int(worker.settings.worker.block * 1000)
+        self._idle_after: bytes | None = None  # last entry id when a read found nothing
+        self._wait_scope: anyio.CancelScope | None = None  # a wait for new entries
         self._cursor = "0-0"
         self._turn = asyncio.Event()
         self._turn.set()
@@ -133,22 +135,52 @@ class ShardReader:
         await anyio.sleep(delay)
 
     async def _read_round(self) -> None:
-        reply = await self.worker.scripts.call(
-            "read",
-            [self.stream_key, self.fence_key],
-            # Never more than the read-ahead room left: bounded memory per shard.
-            [
-                self.group,
-                self.consumer,
-                self.token,
-                min(self._batch, self._limit - self.outstanding),
-            ],
-        )
+        keys: list[Arg] = [self.stream_key, self.fence_key]
+        # Never more than the read-ahead room left: bounded memory per shard.
+        args: list[Arg] = [
+            self.group,
+            self.consumer,
+            self.token,
+            min(self._batch, self._limit - self.outstanding),
+        ]
+        idle_after, self._idle_after = self._idle_after, None
+        reply: Any = None
+        if idle_after is None:
+            reply = await self.worker.scripts.call("read", keys, args)
+        else:
+            # Nothing new at the last read: wait for an entry after the last one with
+            # a plain blocking XREAD (no group: it only waits, so it cannot take
+            # entries from anyone) and send the fenced read right behind it on the same
+            # connection. Redis runs the read the moment the XREAD returns: no round
+            # trip between the wake-up and the read, and the fence is checked then.
+            # The pooled connection's socket timeout stays above the BLOCK time.
+            # The read must run under a valid lease (SPEC §5): the wait ends before the
+            # lease does, and a lease lost meanwhile (fenced, shortened) interrupts it
+            # (interrupt_wait); a read left queued behind a dropped connection never runs.
+            left = self.worker.lease.remaining() - 0.05
+            block_ms = self._block_ms if left * 1000 >= self._block_ms else int(left * 1000)
+            if block_ms <= 0:
+                self._idle_after = idle_after  # the lease ends first: _wait_turn waits
+                with anyio.move_on_after(max(0.0, self.worker.lease.remaining())):
+                    await self.worker.lease.wait_changed()
+                return
+            wait: list[Arg] = [
+                "XREAD", "BLOCK", block_ms, "COUNT", 1, "STREAMS", self.stream_key, idle_after,
+            ]  # fmt: skip
+            try:
+                with anyio.CancelScope() as self._wait_scope:
+                    reply = await self.worker.scripts.call_after(wait, "read", keys, args)
+            finally:
+                self._wait_scope = None
+            if reply is None:  # interrupted: the queued read may have run, so claim
+                self._idle_after = idle_after
+                self.recovering = True
+                return
         status = reply[0]
         if status == 1:
             self._deliver(reply[1], None)
         elif status == 0:
-            await self._wait_for_entries(reply[1])
+            self._idle_after = reply[1]
         else:
             self._refused(status, reply)
 
@@ -171,15 +203,6 @@ class ShardReader:
             )
         else:
             self._cursor = cursor
-
-    async def _wait_for_entries(self, last_id: bytes) -> None:
-        # A plain blocking XREAD (no group): it only waits, so it cannot take entries
-        # from anyone, and it runs on a pooled connection whose socket timeout stays
-        # above the BLOCK time (redis/client.py).
-        await call(
-            self.worker.redis,
-            ["XREAD", "BLOCK", self._block_ms, "COUNT", 1, "STREAMS", self.stream_key, last_id],
-        )
 
     def _refused(self, status: int, reply: list[Any]) -> None:
         if status == -1:
@@ -270,6 +293,18 @@ class ShardReader:
         # Queued messages of this shard are dropped; running ones finish.
         self.runtime.dispatcher.discard(lambda m: m._reader is not self)
         self.worker.reader_stopped(self)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a wait for new entries (with the fenced read queued behind it) is
+        out on the connection."""
+        return self._wait_scope is not None
+
+    def interrupt_wait(self) -> None:
+        """Cut a wait for new entries short (the lease was lost): the fenced read queued
+        behind it is dropped with its connection, or its entries are claimed again."""
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
 
     def stop(self, reason: str = ReaderState.STOPPED) -> None:
         """Stop reading; queued messages are dropped (they stay pending in Redis)."""

@@ -272,6 +272,8 @@ class Worker:
                 continue
             lease.losses += 1
             log.warning("assignment lease expired: pausing %d shards", len(self.readers))
+            for reader in self.readers.values():
+                reader.interrupt_wait()
             for runtime in self.handlers.values():
                 runtime.dispatcher.discard(lambda m: False)
             with anyio.move_on_after(grace):

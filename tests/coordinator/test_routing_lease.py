@@ -16,7 +16,7 @@ from streamworks.runtime.connection import Connection, open_connection
 from streamworks.testing import TestRuntime
 from streamworks.testing.runtime import fast_settings
 from tests.coordinator.harness import CutTransport
-from tests.support import wait_for
+from tests.support import lease_lost, wait_for
 
 
 def orders_app(name: str = "g", shards: int = 2) -> tuple[App, list[int]]:
@@ -86,6 +86,8 @@ async def test_a_worker_cut_off_from_the_coordinator_reads_only_until_its_lease_
         # Its lease ends (time moves past it): it stops reading.
         rt.clock.advance(rt.settings.lease_ttl)
         assert not worker.lease.valid()
+        worker.lease.recheck()  # the watchdog sleeps on real time: show it the jump
+        await wait_for(lambda: lease_lost(worker), message="the lease loss")
         for n in range(10, 15):
             await app.publish("orders", {"n": n})
         attempts = len(link.sent_while_cut())

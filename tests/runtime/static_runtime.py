@@ -120,16 +120,30 @@ class StaticRuntime(RuntimeObservations):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        # A worker task that crashed has cancelled this task through the task group:
+        # the wait below then raises at once, and the task group's exit must still run
+        # (it raises the worker's error) before the outer context managers are exited.
+        tg, self._tg = self._tg, None
+        error: BaseException | None = None
         try:
             for slot in self.slots:
                 if not slot.done.is_set():
                     slot.worker.request_stop()
-            if self._tg is not None:
+            if tg is not None:
                 with anyio.move_on_after(self.settings.worker.shutdown_timeout + 5):
                     for slot in self.slots:
                         await slot.done.wait()
-                self._tg.cancel_scope.cancel()
-                await self._tg.__aexit__(None, None, None)
+        except BaseException as e:
+            error = e
+        try:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                if error is None:
+                    await tg.__aexit__(None, None, None)
+                elif not await tg.__aexit__(type(error), error, error.__traceback__):
+                    raise error
+            elif error is not None:
+                raise error
         finally:
             if self._attach is not None:
                 await self._attach.__aexit__(None, None, None)

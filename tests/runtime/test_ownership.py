@@ -16,7 +16,7 @@ from streamworks.protocol.shards import ShardId
 from streamworks.runtime.reader import ReaderState
 from streamworks.testing import TestRuntime
 from tests.runtime.static_runtime import StaticRuntime
-from tests.support import wait_for
+from tests.support import lease_lost, wait_for
 
 SHARD = ShardId("orders", 0)
 
@@ -89,11 +89,35 @@ async def test_reads_stop_when_the_lease_expires_and_resume_on_renewal(
         await app.publish("orders", {"n": 0})
         await rt.wait_idle()
         worker.lease.renew(time.monotonic() - 1)  # the lease ran out
+        # Once the loss is noticed (the watchdog cuts the reader's wait short), nothing
+        # is read: the fenced read queued behind the wait never runs.
+        await wait_for(lambda: lease_lost(worker), message="the lease loss")
         for n in range(1, 4):
             await app.publish("orders", {"n": n})
-        # Give the reader every chance to (wrongly) read: wait for its blocking wait to
-        # cycle, then check nothing was delivered.
-        await wait_for(lambda: worker.lease.losses >= 1, message="the lease loss")
+        info = await group_info(rt)
+        assert seen == [0]
+        assert info["lag"] == 3 and info["pending"] == 0
+        worker.lease.renew(math.inf)
+        await rt.wait_idle()
+        assert seen == [0, 1, 2, 3]
+
+
+async def test_a_wait_for_new_entries_ends_before_the_lease_does(
+    streamworks_redis_url: str,
+) -> None:
+    """The fenced read rides behind the blocking wait; the wait is capped at the
+    lease's end and cut short by the lease watchdog, so a lease that runs out while
+    the shard is idle (no heartbeat renewed it) leaves no read queued that would pull
+    entries after the lease ended."""
+    app, seen = one_shard_app()
+    async with StaticRuntime(app, workers=1, redis_url=streamworks_redis_url) as rt:
+        [worker] = rt.workers
+        await app.publish("orders", {"n": 0})
+        await rt.wait_idle()
+        worker.lease.renew(time.monotonic() + 0.3)  # ends while the reader waits
+        await wait_for(lambda: lease_lost(worker), message="the lease loss")
+        for n in range(1, 4):
+            await app.publish("orders", {"n": n})
         info = await group_info(rt)
         assert seen == [0]
         assert info["lag"] == 3 and info["pending"] == 0

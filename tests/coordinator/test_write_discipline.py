@@ -4,6 +4,7 @@ work and finishes what passed the gate (E4)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -17,12 +18,21 @@ from streamworks.coordinator.service import CoordinatorService
 from streamworks.exceptions import CoordinatorError, CoordinatorUnavailableError
 from streamworks.protocol.control import HeartbeatStatus
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import load_script
 from streamworks.runtime.message import Context
 from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
 from streamworks.testing.runtime import fast_settings
-from tests.coordinator.harness import SimMember, expect_error, open_service, serve_api, settle
+from tests.coordinator.harness import (
+    RecordingRedis,
+    SimMember,
+    expect_error,
+    open_service,
+    serve_api,
+    settle,
+)
 from tests.support import wait_for
 
 
@@ -490,3 +500,29 @@ async def test_terminating_refuses_new_work_and_finishes_the_section_in_flight(
         assert await redis.hexists(keyspace.group_meta("g"), "m:m2")
         assert not await redis.exists(keyspace.group_mutex("g"))
         assert not await redis.exists(keyspace.stream_meta("audit"))
+
+
+async def test_a_no_change_heartbeat_costs_one_redis_round_trip(settings: Settings) -> None:
+    """A stable member's heartbeat that changes nothing is answered from the replica's
+    cached, revision-checked state with one Redis call: the lease renewal script
+    (which also checks that the revisions the decision used are still current)."""
+    real = create_redis(settings)
+    recording = RecordingRedis(real)
+    try:
+        coordinator = CoordinatorService(recording, settings)
+        await coordinator.create_stream("orders", 8)
+        members = [SimMember(f"m{i}", ["orders"]) for i in range(3)]
+        await settle(members, coordinator)
+        for member in members:  # warm the replica's cache after the last change
+            await member.heartbeat(coordinator, "g")
+        recording.commands.clear()
+        for _ in range(20):
+            for member in members:
+                response = await member.heartbeat(coordinator, "g")
+                assert response.status is HeartbeatStatus.OK
+                assert not response.revoke
+        lease_renew = hashlib.sha1(load_script("lease_renew").encode()).hexdigest()
+        assert len(recording.commands) == 60, recording.commands[:10]
+        assert all(c[:2] == ("EVALSHA", lease_renew) for c in recording.commands)
+    finally:
+        await real.aclose()

@@ -9,6 +9,7 @@ logged or echoed. ``/livez``, ``/readyz`` and ``/metrics`` need no token.
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from streamworks.exceptions import CoordinatorError
@@ -41,6 +44,8 @@ if TYPE_CHECKING:
     from streamworks.coordinator.service import CoordinatorService
 
 __all__ = ("QuietServer", "create_api")
+
+log = logging.getLogger("streamworks.coordinator")
 
 
 class QuietServer(uvicorn.Server):
@@ -174,6 +179,22 @@ def create_api(service: CoordinatorService) -> FastAPI:
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
         return _error(code, str(exc.detail), exc.status_code, False)
+
+    # Redis restarting, loading its dataset, or cut off: an outage to retry, not a bug.
+    # Registered for these types, the error is answered here, and not re-raised to the
+    # server (which would log a traceback for every request during the outage).
+    async def redis_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        service.metrics.unavailable.inc()
+        log.warning("request refused: Redis unavailable (%s)", type(exc).__name__)
+        return _error(
+            ErrorCode.METADATA_UNAVAILABLE,
+            f"Redis unavailable ({type(exc).__name__}); retry",
+            503,
+            True,
+        )
+
+    api.add_exception_handler(RedisConnectionError, redis_unavailable)
+    api.add_exception_handler(RedisTimeoutError, redis_unavailable)
 
     @api.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -383,6 +383,27 @@ async def test_readyz_fails_while_redis_does_not_answer(settings: Settings) -> N
         assert error["retryable"] is True
 
 
+async def test_requests_while_redis_is_down_get_a_retryable_503_not_a_crash(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis unreachable (restarting, loading its AOF, a cut) is an outage to retry,
+    answered 503 METADATA_UNAVAILABLE with retryable true and logged as one line:
+    not a 500 with a traceback for every request."""
+    unreachable = settings.with_overrides(redis_url="redis://127.0.0.1:1/0")
+    caplog.set_level(logging.INFO)
+    async with open_api(unreachable) as (_, http):
+        for method, path, body in (
+            ("POST", "/v1/groups/g/heartbeat", JOIN),
+            ("GET", "/v1/streams/orders/routing", None),
+            ("GET", "/v1/status", None),
+        ):
+            response = await http.request(method, path, json=body, headers=MEMBER)
+            error = assert_error(response, 503, "METADATA_UNAVAILABLE")
+            assert error["retryable"] is True
+            assert "Redis" in error["message"]
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
 @pytest.mark.seed("E4")
 async def test_clients_move_on_from_a_terminating_replica(settings: Settings) -> None:
     configured = secured(settings)

@@ -35,6 +35,14 @@ class LeanConnection:
         ).encode()
         self._writer.write(head + payload)
         status_line = await self._reader.readline()
+        if not status_line:
+            # The server closed the idle keep-alive connection (uvicorn: after 5 s):
+            # open a new one and send the request again.
+            self._writer.close()
+            await self._open()
+            assert self._reader is not None and self._writer is not None
+            self._writer.write(head + payload)
+            status_line = await self._reader.readline()
         status = int(status_line.split(b" ", 2)[1])
         length = 0
         while True:

@@ -70,6 +70,10 @@ from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 from streamworks.settings import Settings
 
+#: How long after another member's lease deadline a member is asked to heartbeat, so
+#: that the loop (which wakes at the deadline) has expired it and moved its shards.
+_AFTER_EXPIRY_MS = 100
+
 __all__ = ("CoordinatorService", "core_config")
 
 log = logging.getLogger("streamworks.coordinator")
@@ -123,6 +127,9 @@ class CoordinatorService:
         self.resharder = Resharder(self)
         self._loop_warned: dict[str, float] = {}
         self._streams_cache: dict[tuple[str, int], frozenset[str]] = {}
+        # Per group, the member whose lease runs out first and when (Redis time, ms),
+        # as the loop last saw the lease set.
+        self._next_expiry: dict[str, tuple[str, int]] = {}
         self._topology_cache: dict[tuple[tuple[str, int], ...], Topology] = {}
         # Last Redis time seen and the monotonic time it was seen at: the fast path's
         # estimate of Redis time.
@@ -233,7 +240,7 @@ class CoordinatorService:
         self._clock = (now_ms - self.clock.offset_ms, time.monotonic())
         if not renewed:
             return None
-        return self._response(result, request.member_id)
+        return self._response(result, request.member_id, group_id)
 
     def _estimated_now(self) -> int:
         redis_ms, at = self._clock  # Redis time without the test offset
@@ -283,7 +290,7 @@ class CoordinatorService:
                 if not loaded.rev and result.status.value == HeartbeatStatus.UNKNOWN_MEMBER.value:
                     # A group that does not exist: nothing to write, and in particular no
                     # group created from what an unknown member reports (E20).
-                    return self._response(result, request.member_id)
+                    return self._response(result, request.member_id, group_id)
                 # Consumer groups are provisioned (and the subscription registered, the
                 # evidence E21 relies on) only for a group that exists in Redis or is
                 # committed now, never for a request that fails validation or a refusal.
@@ -296,18 +303,18 @@ class CoordinatorService:
                 if result.is_noop and loaded.rev:
                     await self._ensure_subscriptions(group_id, subscribed)
                     if not result.renews_lease:
-                        return self._response(result, request.member_id)
+                        return self._response(result, request.member_id, group_id)
                     revs = {n: r for n, (r, _) in loaded_streams.items()}
                     renewed, _ = await self.store.renew_lease(
                         group_id, request.member_id, self.config.lease_ttl_ms, loaded.rev, revs
                     )
                     if renewed:
-                        return self._response(result, request.member_id)
+                        return self._response(result, request.member_id, group_id)
                     # The lease entry ran out before the loop expired the member: the
                     # member is still live in the metadata, so renewing is what a
                     # heartbeat in time would have done; it takes a commit.
                 elif result.is_noop and not result.renews_lease:
-                    return self._response(result, request.member_id)
+                    return self._response(result, request.member_id, group_id)
                 new_rev = await self.store.commit_group(
                     loaded.rev,
                     result.group,
@@ -330,7 +337,7 @@ class CoordinatorService:
                     return await self._after_refused_fence(
                         group_id, new_rev, result.group, request, refused
                     )
-                return self._response(result, request.member_id)
+                return self._response(result, request.member_id, group_id)
         raise Conflict(f"group {group_id!r}: lost the compare-and-set repeatedly; retry")
 
     async def _after_refused_fence(
@@ -414,7 +421,19 @@ class CoordinatorService:
             self._subscribed.add(seen)
             log.info("group %s subscribed to %s: consumer groups created", group_id, name)
 
-    def _response(self, result: HeartbeatResult, member_id: str) -> HeartbeatResponse:
+    def _response(
+        self, result: HeartbeatResult, member_id: str, group_id: str
+    ) -> HeartbeatResponse:
+        interval = result.heartbeat_interval_ms
+        soon = self._next_expiry.get(group_id)
+        if soon is not None and soon[0] != member_id:
+            # Another member's lease runs out before this member's next heartbeat (it
+            # stopped heartbeating): come back just after the loop expires it, to pick
+            # up its shards then rather than up to a whole interval later. Failover
+            # takes the lease TTL, not TTL + interval.
+            until = soon[1] - self._estimated_now() + _AFTER_EXPIRY_MS
+            if 0 < until < interval:
+                interval = until
         return HeartbeatResponse(
             status=HeartbeatStatus(result.status.value),
             member_id=member_id,
@@ -424,7 +443,7 @@ class CoordinatorService:
             assigned=[ShardGrant(shard=s, epoch=e) for s, e in sorted(result.assigned.items())],
             pending=sorted(result.pending),
             revoke=sorted(result.revoke),
-            heartbeat_interval_ms=result.heartbeat_interval_ms,
+            heartbeat_interval_ms=interval,
             lease_ttl_ms=result.lease_ttl_ms,
             key_prefix=self.keyspace.prefix,
         )
@@ -441,6 +460,12 @@ class CoordinatorService:
         loaded = await self.store.load_group(group_id)
         if loaded.group is None:
             return False
+        self._clock = (loaded.now_ms - self.clock.offset_ms, time.monotonic())
+        earliest = await self.store.earliest_lease(group_id)
+        if earliest is None:
+            self._next_expiry.pop(group_id, None)
+        else:
+            self._next_expiry[group_id] = earliest
         if self._due(
             loaded.group,
             await self.store.expired_members(group_id, loaded.now_ms),
@@ -520,7 +545,19 @@ class CoordinatorService:
                 self._loop_warning(str(e))
             except (OSError, RedisError) as e:
                 self._loop_warning(f"Redis unavailable: {e}")
-            await anyio.sleep(interval)
+            await anyio.sleep(self._loop_sleep(interval))
+
+    def _loop_sleep(self, interval: float) -> float:
+        """Until the next loop turn: ``interval``, or less when a lease runs out
+        sooner, so that the member is expired at its deadline, not up to an interval
+        after it."""
+        if not self._next_expiry:
+            return interval
+        now = self._estimated_now()
+        upcoming = [d for _, d in self._next_expiry.values() if d >= now]
+        if not upcoming:
+            return interval  # a deadline already passed is the normal turn's business
+        return max(0.005, min(interval, (min(upcoming) - now + 5) / 1000))
 
     def _loop_warning(self, message: str) -> None:
         """Log a loop problem at most once per 30 s (the loop runs every interval)."""

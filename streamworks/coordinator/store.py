@@ -273,6 +273,11 @@ class Store:
         raw = await self.redis.zrangebyscore(self.keyspace.group_leases(group_id), "-inf", now_ms)
         return [m.decode() for m in raw]
 
+    async def earliest_lease(self, group_id: str) -> tuple[str, int] | None:
+        """The member whose lease expires first, and when (Redis time, ms)."""
+        raw = await self.redis.zrange(self.keyspace.group_leases(group_id), 0, 0, withscores=True)
+        return (raw[0][0].decode(), int(raw[0][1])) if raw else None
+
     async def lease_expiries(self, group_id: str) -> dict[str, int]:
         raw = await self.redis.zrange(self.keyspace.group_leases(group_id), 0, -1, withscores=True)
         return {m.decode(): int(score) for m, score in raw}

@@ -1,4 +1,4 @@
-"""Handler failures that take a worker down today, run in a child process.
+"""Handler failures that used to take a worker down, run in a child process.
 
 ``python -m tests.badinput.crash_scenarios REDIS_URL NAME...`` runs each named scenario
 in a ``TestRuntime`` of its own (a real coordinator and worker on that Redis) and

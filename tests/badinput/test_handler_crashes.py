@@ -1,8 +1,9 @@
-"""Handler failures that must be failed attempts like any other, but crash the worker
-today. Each scenario runs in a child process (``crash_scenarios.py``) on the test
-Redis with a real coordinator and worker; the expectation is the one every other
-failure meets: the runtime survives, the bad message is retried then dead-lettered
-with a readable error, and the good message published after it is handled.
+"""Handler failures that must be failed attempts like any other, and that crashed the
+worker before the bad-input suite found them (regression tests). Each scenario runs
+in a child process (``crash_scenarios.py``) on the test Redis with a real coordinator
+and worker; the expectation is the one every other failure meets: the runtime
+survives, the bad message is retried then dead-lettered with a readable error, and
+the good message published after it is handled.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ fail. Every message ends handled or dead-lettered with the reason, the worker ke
 running, and good messages published afterwards are all handled.
 
 Handlers that raise what ends a process are in ``test_fatal_handlers.py``; handler
-failures that crash the worker today are in ``test_handler_crashes.py``.
+failures that used to crash the worker are in ``test_handler_crashes.py``.
 """
 
 from __future__ import annotations

@@ -357,8 +357,14 @@ class GroupMachine(RuleBasedStateMachine):
         return {mid for mid, c in self.clients.items() if c.alive}
 
     def _settled(self) -> bool:
-        live = set(self.group.live_members())
-        return live == self._alive() and self.group.state in (GroupState.STABLE, GroupState.EMPTY)
+        live = self.group.live_members()
+        return (
+            set(live) == self._alive()
+            and self.group.state in (GroupState.STABLE, GroupState.EMPTY)
+            # A member just told FENCED (its responses were lost twice in a row) still
+            # has its record until it rejoins on its next heartbeat: not settled yet.
+            and all(self.clients[mid].epoch == member.epoch for mid, member in live.items())
+        )
 
     def _check_balance(self) -> None:
         live = self.group.live_members()

@@ -52,7 +52,7 @@ TQ_MAX_ASYNC_TASKS = 100
 #: How each contestant is set up (copied into the JSON results).
 CONFIG = {
     "raw-N": "one coroutine; XREADGROUP COUNT N per shard in turn; no-op; one XACK per batch",
-    "streamworks": "Worker, default Settings (read_batch 100, read_ahead 2, ack_batch 1000), "
+    "streamworks": "Worker, default Settings (read_batch 200, read_ahead 3, ack_batch 1000), "
     "ordering='key', concurrency 64, StaticAssignment of the 8 shards, handler(payload: bytes)",
     "faststream-N": "8 x StreamSub(shard, group, consumer, batch=True, max_records=N), "
     "ack_policy=REJECT_ON_ERROR (ack after the handler, one XACK per batch), logger=None, "

@@ -11,13 +11,22 @@ import anyio
 import pytest
 
 from streamworks import App
+from streamworks.clock import Clock
 from streamworks.protocol.control import HeartbeatStatus
 from streamworks.protocol.shards import ShardId
 from streamworks.runtime.message import Context
 from streamworks.runtime.worker import Worker
+from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
 from streamworks.testing.runtime import fast_settings
-from tests.coordinator.harness import CutTransport, beat, keys_per_shard
+from tests.coordinator.harness import (
+    CutTransport,
+    SimMember,
+    beat,
+    keys_per_shard,
+    open_service,
+    settle,
+)
 from tests.support import wait_for
 
 
@@ -328,3 +337,36 @@ async def test_a_member_stuck_draining_is_fenced_at_the_revocation_deadline(
         await rt.wait_assigned()
         await rt.wait_idle()
         assert {n for n, _, _ in blocking.handled} == {0, 1, 10}
+
+
+@pytest.mark.seed("E5")
+async def test_a_survivor_is_told_to_come_back_just_after_a_silent_peers_lease_ends(
+    settings: Settings,
+) -> None:
+    """Failover takes the lease TTL, not TTL + a heartbeat interval: the replica's loop
+    wakes at the next lease deadline, and a member whose next heartbeat would come
+    well after a silent peer's lease ends is told to come back just after it."""
+    clock = Clock()
+    async with open_service(settings, clock=clock) as service:
+        await service.create_stream("orders", 4)
+        alive, silent = SimMember("alive", ["orders"]), SimMember("silent", ["orders"])
+        await settle([alive, silent], service)
+        interval_ms = int(settings.heartbeat_interval * 1000)
+        assert alive.last.heartbeat_interval_ms == interval_ms
+
+        clock.advance(settings.lease_ttl - 0.4)  # "silent" stopped heartbeating
+        await alive.heartbeat(service, "g")
+        await service.tick_group("g")  # what the loop does: it sees the next deadline
+        assert 0 < service._loop_sleep(0.5) <= 0.41
+        told = (await alive.heartbeat(service, "g")).heartbeat_interval_ms
+        assert 350 <= told <= 550, told  # 0.4 s to the deadline + 0.1 s, minus time spent
+
+        clock.advance(told / 1000)
+        await service.tick_group("g")  # the deadline passed: "silent" expires
+        for _ in range(3):
+            await alive.heartbeat(service, "g")
+            if len(alive.owned) == 4:
+                break
+        assert alive.owned == {f"orders/{i}@0" for i in range(4)}
+        # Nothing about to expire any more: the normal interval again.
+        assert alive.last.heartbeat_interval_ms == interval_ms

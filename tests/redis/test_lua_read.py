@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from streamworks.redis.keyspace import Keyspace
@@ -193,3 +194,41 @@ async def test_the_hot_path_call_matches_the_script_object_and_reloads_on_noscri
         -1,
         TOKEN.encode(),
     ]
+
+
+async def test_the_read_queued_behind_a_blocking_wait_runs_when_the_wait_returns(
+    redis: Any, scripts: Scripts, keyspace: Keyspace
+) -> None:
+    """``Scripts.call_after``: the fenced read sent behind ``XREAD BLOCK`` on the same
+    connection runs as soon as an entry arrives (one reply for both), checks the fence
+    at that moment, and survives a flushed script cache (NOSCRIPT: load, read again)."""
+    stream, fence_key = await fenced_shard(redis, scripts, keyspace)
+    [first] = await add_entries(redis, stream, 1)
+    keys: list[Any] = [stream, fence_key]
+    assert (await scripts.call("read", keys, [GROUP, MEMBER, TOKEN, 10]))[0] == 1
+
+    async def wait_and_read(token: str) -> list[Any]:
+        wait = ["XREAD", "BLOCK", 5000, "COUNT", 1, "STREAMS", stream, first]
+        result: list[Any] = await scripts.call_after(wait, "read", keys, [GROUP, MEMBER, token, 10])
+        return result
+
+    async with anyio.create_task_group() as tg:
+        replies: list[list[Any]] = []
+
+        async def waiter() -> None:
+            replies.append(await wait_and_read(TOKEN))
+
+        tg.start_soon(waiter)
+        await anyio.sleep(0.05)  # not synchronisation: the reply comes only after the XADD
+        assert replies == []
+        [second] = await add_entries(redis, stream, 1, start=2)
+    [[status, entries]] = replies
+    assert status == 1 and [text(e[0]) for e in entries] == [second]
+
+    await redis.script_flush()
+    [third] = await add_entries(redis, stream, 1, start=3)
+    status, entries = await wait_and_read(TOKEN)
+    assert status == 1 and [text(e[0]) for e in entries] == [third]
+    # A replaced grant: the wait returns, the read behind it is refused.
+    await add_entries(redis, stream, 1, start=4)
+    assert (await wait_and_read("8:m-2"))[0] == -1

@@ -51,8 +51,13 @@ async def write_fence(
     scripts: Scripts, keyspace: Keyspace, shard: ShardId, group: str, epoch: int, member_id: str
 ) -> tuple[bool, str]:
     """Write the owner fence ``<epoch>:<member>``; refused when the current fence has a
-    newer (or equal, other member) epoch. Returns ``(written, fence now)``."""
-    reply = await scripts.fence(keys=[keyspace.fence(shard, group)], args=[epoch, member_id])
+    newer (or equal, other member) epoch, or not written when the shard does not exist.
+    Returns ``(written, fence now)``."""
+    reply = await scripts.fence(
+        keys=[keyspace.fence(shard, group), keyspace.stream(shard)], args=[epoch, member_id]
+    )
+    if reply[0] == -2:
+        return False, ""
     value = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
     return reply[0] == 1, value
 

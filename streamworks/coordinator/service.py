@@ -466,9 +466,11 @@ class CoordinatorService:
             self._next_expiry.pop(group_id, None)
         else:
             self._next_expiry[group_id] = earliest
+        # The first lease still ahead means no lease ran out: no need to ask for them.
+        expired_now = earliest is not None and earliest[1] <= loaded.now_ms
         if self._due(
             loaded.group,
-            await self.store.expired_members(group_id, loaded.now_ms),
+            await self.store.expired_members(group_id, loaded.now_ms) if expired_now else [],
             await self._topology(loaded.group),
             loaded.now_ms,
         ).is_noop:

@@ -392,15 +392,16 @@ class Store:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for fence in fences:
+            shard = ShardId.parse(fence.shard)
             await self.scripts.fence(
-                keys=[self.keyspace.fence(ShardId.parse(fence.shard), group_id)],
+                keys=[self.keyspace.fence(shard, group_id), self.keyspace.stream(shard)],
                 args=[fence.epoch, fence.member_id],
                 client=pipe,
             )
         replies = await pipe.execute()
         refused = []
         for fence, reply in zip(fences, replies, strict=True):
-            if reply[0] != 1:
+            if reply[0] == 0:  # (-2: the shard was retired meanwhile, nothing to fence)
                 current = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
                 refused.append((fence, current))
         return refused

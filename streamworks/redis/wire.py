@@ -66,23 +66,12 @@ async def run_batch(redis: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
 
 
 async def call(redis: Any, args: Sequence[Arg]) -> Any:
-    """One command on a pooled connection, hand-packed; an error reply raises its
+    """One command, as :func:`run_batch` sends it; an error reply raises its
     :class:`ResponseError` (``NoScriptError`` for ``NOSCRIPT``). The reply is the
     parser's, without redis-py's per-command response callbacks."""
-    if type(redis) is not Redis:
-        return await redis.execute_command(*args)
-    pool = redis.connection_pool
-    connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-    try:
-        await connection.send_packed_command(pack(args))
-        reply = await connection.read_response()
-    except ResponseError:
-        await pool.release(connection)  # a complete error reply: still in sync
-        raise
-    except BaseException:
-        await _discard(pool, connection)
-        raise
-    await pool.release(connection)
+    [reply] = await run_batch(redis, [args])
+    if isinstance(reply, Exception):
+        raise reply
     return reply
 
 

@@ -1,6 +1,7 @@
 """fence.lua: monotonic owner-fence write.
 
-Contract: {1, token} written (or already equal) | {0, current} refused.
+Contract: {1, token} written (or already equal) | {0, current} refused | {-2} the
+shard does not exist (nothing written).
 """
 
 from __future__ import annotations
@@ -14,14 +15,30 @@ from streamworks.redis.scripts import Scripts
 
 from .streams import shard
 
+STREAM_KEY: dict[str, str] = {}  # fence key -> its shard's stream key
+
 
 async def write(scripts: Scripts, key: str, epoch: int, member: str) -> list[Any]:
-    return await scripts.fence(keys=[key], args=[epoch, member])
+    return await scripts.fence(keys=[key, STREAM_KEY[key]], args=[epoch, member])
 
 
 @pytest.fixture
-def fence_key(keyspace: Keyspace) -> str:
-    return keyspace.fence(shard(), "billing")
+async def fence_key(redis: Any, scripts: Scripts, keyspace: Keyspace) -> str:
+    """The fence key of a shard that exists."""
+    key = keyspace.fence(shard(), "billing")
+    STREAM_KEY[key] = keyspace.stream(shard())
+    assert await scripts.shard_create(keys=[STREAM_KEY[key]], args=["billing"]) == 1
+    return key
+
+
+async def test_a_retired_shard_gets_no_fence(
+    redis: Any, scripts: Scripts, keyspace: Keyspace
+) -> None:
+    """A grant racing with the shard's retirement leaves no orphan fence key."""
+    key = keyspace.fence(shard(), "billing")
+    STREAM_KEY[key] = keyspace.stream(shard())  # never created (or retired)
+    assert await write(scripts, key, 3, "m-1") == [-2]
+    assert await redis.exists(key) == 0
 
 
 async def test_writes_when_absent(redis: Any, scripts: Scripts, fence_key: str) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
+from tests.support import wait_for
 
 from .streams import add_entries, consumers, groups, keys_for, pending_ids, shard, text
 
@@ -219,7 +220,13 @@ async def test_the_read_queued_behind_a_blocking_wait_runs_when_the_wait_returns
             replies.append(await wait_and_read(TOKEN))
 
         tg.start_soon(waiter)
-        await anyio.sleep(0.05)  # not synchronisation: the reply comes only after the XADD
+
+        async def blocked() -> bool:
+            clients = await redis.execute_command("CLIENT", "LIST", "TYPE", "normal")
+            text_ = clients.decode() if isinstance(clients, bytes) else str(clients)
+            return any("cmd=xread " in line and " flags=b" in line for line in text_.splitlines())
+
+        await wait_for(blocked, message="the XREAD to block")  # (the read is queued)
         assert replies == []
         [second] = await add_entries(redis, stream, 1, start=2)
     [[status, entries]] = replies

@@ -30,6 +30,15 @@ class WorkerSettings(BaseModel):
     trim_interval: float = Field(1.0, gt=0, description="ack-delete/retention trim period (s)")
     idempotency_ttl: float = Field(86_400.0, gt=0, description="completed idempotency keys (s)")
     idempotency_claim_ttl: float = Field(300.0, gt=0, description="in-progress claims (s)")
+    # The worker's own HTTP endpoint (/metrics, /livez, /readyz; docs/operations.md).
+    # Loopback by default, like the coordinator: set http_host=0.0.0.0 for a scraper
+    # on another host (a container, a pod). Port 0 picks a free port (it is logged).
+    http_enabled: bool = Field(True, description="serve /metrics, /livez and /readyz")
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(9400, ge=0, le=65535)
+    traceback_interval: float = Field(
+        60.0, ge=0, description="least time between two logged tracebacks of a handler (s)"
+    )
 
 
 class ProducerSettings(BaseModel):

@@ -150,15 +150,18 @@ async def main() -> int:
         console.print(f"[dim]embedded Redis at {server.url}; process logs in {logs}[/]")
         cluster.start("coordinator", "coordinator")
         await wait_ready(port)
+        metrics_ports = [free_port() for _ in range(WORKERS)]
         workers = [
-            cluster.start(f"worker-{i}", "worker", "examples.orders.app:app")
-            for i in range(WORKERS)
+            cluster.start(f"worker-{i}", "worker", "examples.orders.app:app", "--http-port", str(p))
+            for i, p in enumerate(metrics_ports)
         ]
         async with CoordinatorClient(settings.coordinator_urls) as client:
             owners = await wait_members(client, WORKERS)
             console.print(f"coordinator + {WORKERS} workers up; the coordinator split 8 shards:")
             for pid, shards in owners.items():
                 console.print(f"  worker pid {pid:>7} reads shards {short(shards)}")
+            urls = "  ".join(f"http://127.0.0.1:{p}/metrics" for p in metrics_ports)
+            console.print(f"worker metrics (Prometheus): {urls}")
             victim = workers[1]
             victim_shards = owners[str(victim.pid)]
             killed_at = 0.0

@@ -140,6 +140,7 @@ class HandlerRuntime:
         self._limiter = anyio.CapacityLimiter(spec.concurrency)
         self._claim_ttl = worker.settings.worker.idempotency_claim_ttl
         self._lease = worker.lease
+        self._duration = worker.metrics.handler_histogram(spec.stream)
         self._logger = logging.LoggerAdapter(
             logging.getLogger("streamworks.app"), {"group": worker.group, "stream": spec.stream}
         )
@@ -173,7 +174,11 @@ class HandlerRuntime:
             except DecodeError as e:
                 return await self._dead_letter(message, "poison", str(e))
         try:
-            result = await self._invoke(value, message)
+            started = _perf_counter()
+            try:
+                result = await self._invoke(value, message)
+            finally:
+                self._duration.observe(_perf_counter() - started)
             if result is not None and inspect.isawaitable(result):
                 _discard(result)
                 raise TypeError("the handler returned an awaitable it did not await")
@@ -227,7 +232,11 @@ class HandlerRuntime:
                 if outcome is not _CLAIMED:
                     return outcome  # type: ignore[return-value]
         try:
-            await self._call(value, message, context)
+            started = _perf_counter()
+            try:
+                await self._call(value, message, context)
+            finally:
+                self._duration.observe(_perf_counter() - started)
         except Skip:
             self.statistics.skipped += 1
         except Retry as signal:
@@ -432,6 +441,7 @@ class HandlerRuntime:
 
 
 _CLAIMED = object()
+_perf_counter = time.perf_counter
 
 
 class _NoTimeout:

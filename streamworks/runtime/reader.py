@@ -87,6 +87,7 @@ class ShardReader:
         self._idle.set()
         self._scope: anyio.CancelScope | None = None
         self._errors = 0
+        self._batch_sizes = worker.metrics.batch_histogram(shard.stream)
 
     def __repr__(self) -> str:
         return f"ShardReader({self.shard_name}, token={self.token!r})"
@@ -226,6 +227,7 @@ class ShardReader:
         None), or claimed ones from a takeover round, with their retry records."""
         if not entries:
             return
+        self._batch_sizes.observe(len(entries))
         if not self.worker.lease.valid() or not self.accepting:
             # Arrived after the lease expired (or we were told to stop): not processed;
             # the entries stay pending and the next takeover round claims them.

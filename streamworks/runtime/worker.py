@@ -30,6 +30,7 @@ from streamworks.runtime.acks import Acker
 from streamworks.runtime.execution import HandlerRuntime
 from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencyStore
 from streamworks.runtime.lease import Lease
+from streamworks.runtime.metrics import WorkerMetrics
 from streamworks.runtime.reader import ReaderState, ShardReader
 from streamworks.settings import Settings
 
@@ -77,7 +78,9 @@ class Worker:
         self.member_id = member_id or uuid.uuid4().hex
         self.clock = clock or Clock()
         self.lease = Lease(clock=self.clock)
+        self.metrics = WorkerMetrics(self)  # before the handlers: they bind histograms
         self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)
+        self.acker.flush_seconds = self.metrics.ack_flush
         store: IdempotencyStore = app.idempotency_store or RedisIdempotencyStore(
             redis,
             self.keyspace,

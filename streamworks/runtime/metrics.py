@@ -179,7 +179,11 @@ class WorkerMetrics:
 
 
 _COUNTERS = (
-    ("handled", "streamworks_messages_handled_total", "Messages handled and acked"),
+    (
+        "handled",
+        "streamworks_messages_handled_total",
+        "Messages whose handler returned (or raised Skip): acked",
+    ),
     ("failed", "streamworks_messages_failed_total", "Handler attempts that failed"),
     ("retried", "streamworks_messages_retried_total", "Re-runs scheduled after a failure"),
     (

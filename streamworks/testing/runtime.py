@@ -388,6 +388,10 @@ class TestRuntime(RuntimeObservations):
             await self.wait_assigned()
         return worker
 
+    async def worker_metrics(self, index: int = 0) -> str:
+        """Worker ``index``'s ``/metrics`` text (Prometheus exposition), without a port."""
+        return (await self.slots[index].worker.metrics.exposition()).decode()
+
     async def kill_worker(self, index: int) -> None:
         """Crash worker ``index``: no drain, no ack flush, no leave. Its shards move when
         its lease expires (``advance`` makes that immediate)."""

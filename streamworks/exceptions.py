@@ -4,6 +4,7 @@ Every error streamworks raises derives from :class:`StreamworksError`::
 
     StreamworksError
     ├── ConfigurationError (ValueError)    bad settings, handler signatures, names
+    │   └── NamespaceMismatchError         not the coordinator's Redis or key prefix
     ├── DecodeError                        an entry or payload that cannot be decoded (poison)
     ├── BackendError                       Redis failed or answered something unexpected
     ├── PublishError                       a message could not be published
@@ -32,6 +33,7 @@ __all__ = (
     "FencedError",
     "HandlerSignal",
     "LeaseExpiredError",
+    "NamespaceMismatchError",
     "NoShardsError",
     "NotConnectedError",
     "OwnershipError",
@@ -50,6 +52,12 @@ class StreamworksError(Exception):
 
 class ConfigurationError(StreamworksError, ValueError):
     """Invalid settings, names or handler declarations."""
+
+
+class NamespaceMismatchError(ConfigurationError):
+    """This process's Redis (server, database) or key prefix is not its coordinator's:
+    the namespace id the coordinator sent is not the one this Redis holds
+    (``streamworks.redis.namespace``)."""
 
 
 class DecodeError(StreamworksError):

@@ -23,6 +23,7 @@ from streamworks.cli.common import (
     run_async,
     safe_url,
 )
+from streamworks.exceptions import NamespaceMismatchError
 from streamworks.redis.client import create_redis
 from streamworks.runtime.http import bind, open_worker_http
 from streamworks.runtime.process import open_worker
@@ -94,30 +95,45 @@ async def _run(app: App, settings: Settings) -> None:
             await redis.ping()
         except Exception as e:
             fail(f"cannot reach Redis at {safe_url(settings.redis_url)}: {e}")
-        async with (
-            open_worker(app, settings, redis=redis) as member,
-            contextlib.AsyncExitStack() as serving,
-        ):
-            where = "no HTTP endpoint (--no-http)"
-            if sock is not None:
-                url = await serving.enter_async_context(open_worker_http(member, sock))
-                where = f"metrics at {url}/metrics"
-            log.info(
-                "member %s of group %s started (handlers: %s; coordinator: %s; %s)",
-                member.member_id,
-                app.name,
-                ", ".join(sorted(app.handlers)),
-                ", ".join(settings.coordinator_urls),
-                where,
-            )
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_signals, member)
-                await member.stopped.wait()
-                tg.cancel_scope.cancel()
+        try:
+            await _serve(app, settings, redis, sock)
+        except* NamespaceMismatchError as group:
+            # Raised inside the worker's task groups: one line, not a traceback.
+            fail(str(_first(group)))
     finally:
         if sock is not None:
             sock.close()
         await redis.aclose()
+
+
+def _first(group: BaseExceptionGroup[Any]) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+async def _serve(app: App, settings: Settings, redis: Any, sock: socket.socket | None) -> None:
+    async with (
+        open_worker(app, settings, redis=redis) as member,
+        contextlib.AsyncExitStack() as serving,
+    ):
+        where = "no HTTP endpoint (--no-http)"
+        if sock is not None:
+            url = await serving.enter_async_context(open_worker_http(member, sock))
+            where = f"metrics at {url}/metrics"
+        log.info(
+            "member %s of group %s started (handlers: %s; coordinator: %s; %s)",
+            member.member_id,
+            app.name,
+            ", ".join(sorted(app.handlers)),
+            ", ".join(settings.coordinator_urls),
+            where,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_signals, member)
+            await member.stopped.wait()
+            tg.cancel_scope.cancel()
 
 
 def _bind(settings: Settings) -> socket.socket:

@@ -27,11 +27,13 @@ from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
+from redis.exceptions import RedisError
 
 from streamworks.coordinator.client import CoordinatorClient
-from streamworks.exceptions import CoordinatorError
+from streamworks.exceptions import CoordinatorError, NamespaceMismatchError
 from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.namespace import NamespaceCheck
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ class CoordinatorAssignment:
         self.last_response: HeartbeatResponse | None = None
         self._interval = settings.heartbeat_interval
         self._full = True  # next request carries subscriptions and owned shards in full
+        self._namespace: tuple[str | None, frozenset[str]] | None = None  # last verified
 
     def _request(self, worker: Worker, epoch: int) -> HeartbeatRequest:
         joining = epoch == 0
@@ -105,13 +108,50 @@ class CoordinatorAssignment:
             self.failures = 0
             self.heartbeats += 1
             self.last_response = response
-            self._apply(worker, response, sent)
+            if await self._check_namespace(worker, response):
+                self._apply(worker, response, sent)
             if self.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
                 continue  # rejoin at once
             with anyio.move_on_after(self._interval):
                 if self.status is HeartbeatStatus.SYNC_METADATA:
                     continue
                 await worker.wait_changed()  # a drain finished: report it promptly
+
+    async def _check_namespace(self, worker: Worker, response: HeartbeatResponse) -> bool:
+        """On joining, and whenever a shard is granted that the last answer did not
+        grant: does this worker's Redis hold the coordinator's namespace id? If not,
+        stop reading and raise ``NamespaceMismatchError`` (``redis/namespace.py``):
+        reading nothing while looking healthy is worse. False: this Redis could not
+        be asked, so the answer is not applied (the lease is not renewed on it)."""
+        if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+            return True  # grants nothing
+        granted = frozenset(g.shard for g in response.assigned)
+        last = self._namespace
+        if last is not None and last[0] == response.namespace_id and granted <= last[1]:
+            self._namespace = (last[0], granted)
+            return True
+        check = NamespaceCheck(worker.redis, worker.keyspace, self.settings.redis_url)
+        try:
+            await check.verify(
+                response.namespace_id,
+                coordinator=", ".join(self.settings.coordinator_urls),
+                coordinator_prefix=response.key_prefix,
+            )
+        except NamespaceMismatchError as e:
+            worker.lease.expire()
+            worker.drop_shards()
+            log.error("%s", e)
+            # Leave, so the coordinator does not wait a lease for this member's shards.
+            self.epoch = response.member_epoch
+            with anyio.move_on_after(5, shield=True):
+                await self.leave(worker)
+            self.epoch = 0
+            raise
+        except (RedisError, OSError) as e:
+            log.warning("namespace check failed (%s): answer not applied", e)
+            return False
+        self._namespace = (response.namespace_id, granted)
+        return True
 
     def _apply(self, worker: Worker, response: HeartbeatResponse, sent: float) -> None:
         self.status = response.status

@@ -68,6 +68,7 @@ from streamworks.protocol.control import (
 )
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.namespace import claim_namespace
 from streamworks.settings import Settings
 
 #: How long after another member's lease deadline a member is asked to heartbeat, so
@@ -118,6 +119,7 @@ class CoordinatorService:
         self.redis = redis
         self.config = core_config(settings)
         self.metrics = CoordinatorMetrics()
+        self.namespace_id: str | None = None  # claimed on the first heartbeat or routing
         self.terminating = False
         self._inflight = 0
         self._drained = anyio.Event()
@@ -178,8 +180,15 @@ class CoordinatorService:
         log.error("unexpected error: %r", exc, exc_info=exc)
 
     # -- heartbeats ---------------------------------------------------------------------
+    async def ensure_namespace(self) -> str:
+        """The namespace id, written once (``SET NX``) and cached (``redis/namespace.py``)."""
+        if self.namespace_id is None:
+            self.namespace_id = await claim_namespace(self.redis, self.keyspace)
+        return self.namespace_id
+
     async def heartbeat(self, group_id: str, body: HeartbeatRequest) -> HeartbeatResponse:
         started = time.perf_counter()
+        await self.ensure_namespace()
         request = HeartbeatInput(
             member_id=body.member_id,
             member_epoch=body.member_epoch,
@@ -379,6 +388,7 @@ class CoordinatorService:
             heartbeat_interval_ms=self.config.heartbeat_interval_ms,
             lease_ttl_ms=self.config.lease_ttl_ms,
             key_prefix=self.keyspace.prefix,
+            namespace_id=self.namespace_id,
         )
 
     async def _new_group(self, group_id: str, subscriptions: Iterable[str]) -> Group:
@@ -446,6 +456,7 @@ class CoordinatorService:
             heartbeat_interval_ms=interval,
             lease_ttl_ms=result.lease_ttl_ms,
             key_prefix=self.keyspace.prefix,
+            namespace_id=self.namespace_id,
         )
 
     def _observe(self, group: Group) -> None:
@@ -642,6 +653,7 @@ class CoordinatorService:
         return self._stream_info(await self.resharder.scale(name, shards))
 
     async def routing(self, stream: str) -> RoutingResponse:
+        namespace_id = await self.ensure_namespace()
         _, meta = await self.store.load_stream(stream)
         if meta is None:
             raise CoordinatorError("NOT_FOUND", f"stream {stream!r} does not exist", status=404)
@@ -659,6 +671,7 @@ class CoordinatorService:
                 for s in routable
             ],
             lease_ms=int(self.settings.routing_lease * 1000),
+            namespace_id=namespace_id,
         )
 
     def _stream_info(self, meta: StreamMeta, *, created: bool = False) -> StreamInfo:

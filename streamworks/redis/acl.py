@@ -49,9 +49,18 @@ def _rules(role: Role, p: str) -> list[str]:
             f"(~{{{p}:*}}:dedup:* +set)",  # idempotent publish from a handler
             f"(~{p}:dlq:* +xadd)",  # dead letters
             f"(~{p}:idem:* +set +get +del +pexpire)",  # default idempotency store
+            f"(~{{{p}}}:namespace +get)",  # namespace identity check
         ]  # fmt: skip
     if role == "producer":
-        return [shard, *_CONNECTION, *_SCRIPTS, "+xadd", "+get", f"(~{{{p}:*}}:dedup:* +set)"]
+        return [
+            shard,
+            *_CONNECTION,
+            *_SCRIPTS,
+            "+xadd",
+            "+get",
+            f"(~{{{p}:*}}:dedup:* +set)",
+            f"(~{{{p}}}:namespace +get)",  # namespace identity check
+        ]
     return [
         f"~{{{p}}}:*",
         shard,

@@ -94,6 +94,11 @@ class Keyspace:
         """Highest epoch ever issued in the namespace (keeps epochs monotonic, E19)."""
         return f"{self.control_tag}:epoch-floor"
 
+    def namespace(self) -> str:
+        """The namespace id, written once by the coordinator and checked by every
+        worker and producer in its own Redis (``streamworks.redis.namespace``)."""
+        return f"{self.control_tag}:namespace"
+
     def status(self) -> str:
         """Monitoring projection (never read back as truth)."""
         return f"{self.control_tag}:status"

@@ -62,9 +62,7 @@ async def test_two_workers_in_one_process_have_their_own_series(
             assert value(text, "streamworks_lease_remaining_seconds", group="m") > 0
             assert value(text, "streamworks_messages_in_flight", **labels) == 0
             (shard,) = {
-                dict(ls)["shard"]
-                for (n, ls) in samples(text)
-                if n == "streamworks_shard_pending"
+                dict(ls)["shard"] for (n, ls) in samples(text) if n == "streamworks_shard_pending"
             }
             assert value(text, "streamworks_shard_pending", shard=shard) == 0
             assert value(text, "streamworks_shard_lag", shard=shard) == 0

@@ -37,6 +37,7 @@ from redis.exceptions import RedisError
 
 from streamworks.exceptions import DecodeError, Retry, Skip
 from streamworks.runtime.dispatcher import Dispatcher, Outcome
+from streamworks.runtime.failures import TracebackLog, traceback_text
 from streamworks.runtime.handler import HandlerSpec, bind_arguments
 from streamworks.runtime.message import Context, Message
 
@@ -141,6 +142,9 @@ class HandlerRuntime:
         self._claim_ttl = worker.settings.worker.idempotency_claim_ttl
         self._lease = worker.lease
         self._duration = worker.metrics.handler_histogram(spec.stream)
+        self._tracebacks = TracebackLog(
+            worker.group, spec.name, worker.settings.worker.traceback_interval
+        )
         self._logger = logging.LoggerAdapter(
             logging.getLogger("streamworks.app"), {"group": worker.group, "stream": spec.stream}
         )
@@ -356,6 +360,7 @@ class HandlerRuntime:
         failures = message._failures + 1
         message._failures = failures
         policy = self.spec.retry
+        logged = exception is not None and self._tracebacks.failed(message, exception, failures)
         if exception is not None and not isinstance(exception, Exception):
             log.error(
                 "handler of %s raised %s (not an Exception) on %s %s: counted as a failed "
@@ -366,7 +371,7 @@ class HandlerRuntime:
                 message.id,
             )
         if failures >= policy.max_attempts:
-            return await self._dead_letter(message, "max_attempts", error)
+            return await self._dead_letter(message, "max_attempts", error, exception)
         if delay is not None and math.isinf(delay):
             # Retry(delay=inf) would park the message for ever: a handler bug, so the
             # policy's backoff applies and the log says why.
@@ -386,18 +391,22 @@ class HandlerRuntime:
             log.warning("could not persist retry record of %s: %s", message.id, e)
         stats.retried += 1
         log.info(
-            "%s %s failed (attempt %d/%d): %s; retry in %.2fs",
+            "%s %s failed (attempt %d/%d): %s; retry in %.2fs%s",
             message.shard,
             message.id,
             failures,
             policy.max_attempts,
             _clip(error, 500),
             wait,
+            " (traceback suppressed)" if exception is not None and not logged else "",
         )
         return time.monotonic() + wait
 
-    async def _dead_letter(self, message: Message, reason: str, error: str) -> Outcome:
-        """Write the message to the group's dead-letter stream, then ack it."""
+    async def _dead_letter(
+        self, message: Message, reason: str, error: str, exception: BaseException | None = None
+    ) -> Outcome:
+        """Write the message to the group's dead-letter stream, then ack it (with the
+        traceback of ``exception``, the last attempt's, when there is one)."""
         reader = message._reader
         assert reader is not None
         fields: dict[str | bytes, Any] = {}
@@ -425,6 +434,8 @@ class HandlerRuntime:
                 "failed_at": str(int(time.time() * 1000)),
             }
         )
+        if exception is not None:
+            fields["traceback"] = traceback_text(exception)  # at most 8 KB (failures.py)
         try:
             await self.worker.redis.xadd(self.dead_letter_key, fields)
         except RedisError as e:

@@ -7,8 +7,9 @@ so every command a role's Lua scripts use is listed.
 
 * **worker** — reads, acks, retries and dead-letters on shard keys; its idempotency
   records; never creates a key with ``MKSTREAM``, never deletes a shard, never
-  writes an owner fence or control-plane key.
-* **producer** — ``XADD`` (and the dedup script) on shard keys only.
+  writes an owner fence or control-plane key (it only reads the namespace id).
+* **producer** — ``XADD`` (and the dedup script) on shard keys only, and a read of
+  the namespace id.
 * **coordinator** — the control-plane keys, plus what it needs on shard keys: create
   them (``XGROUP CREATE … MKSTREAM``), write owner fences, read consumer-group
   positions (``XINFO``/``XLEN``), and retire a drained shard (``retire.lua``, which

@@ -160,8 +160,9 @@ async def main() -> int:
             console.print(f"coordinator + {WORKERS} workers up; the coordinator split 8 shards:")
             for pid, shards in owners.items():
                 console.print(f"  worker pid {pid:>7} reads shards {short(shards)}")
-            urls = "  ".join(f"http://127.0.0.1:{p}/metrics" for p in metrics_ports)
-            console.print(f"worker metrics (Prometheus): {urls}")
+            console.print("worker metrics (Prometheus; also /livez and /readyz):")
+            for w, p in zip(workers, metrics_ports, strict=True):
+                console.print(f"  worker pid {w.pid:>7} http://127.0.0.1:{p}/metrics")
             victim = workers[1]
             victim_shards = owners[str(victim.pid)]
             killed_at = 0.0

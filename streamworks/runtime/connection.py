@@ -11,9 +11,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from streamworks.clock import Clock
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.client import CoordinatorClient
+from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
+from streamworks.runtime.leased_routing import LeasedRouting
 from streamworks.runtime.producer import Producer
 from streamworks.runtime.routing import RoutingSource
 from streamworks.settings import Settings
@@ -37,7 +41,7 @@ class Connection:
     keyspace: Keyspace
     routing: RoutingSource
     producer: Producer
-    coordinator: Any
+    coordinator: CoordinatorTransport
 
 
 def create_producer(
@@ -62,7 +66,7 @@ async def open_connection(
     settings: Settings,
     *,
     redis: Any = None,
-    coordinator: Any = None,
+    coordinator: CoordinatorTransport | None = None,
     routing: RoutingSource | None = None,
     ensure_streams: bool = True,
     ensure_timeout: float = 30.0,
@@ -81,9 +85,6 @@ async def open_connection(
         ensure_timeout: how long to keep retrying while the coordinator is not
             reachable yet (processes often start before it); then the error is raised.
     """
-    from streamworks.coordinator.client import CoordinatorClient
-    from streamworks.coordinator.routing import LeasedRouting
-
     keyspace = Keyspace(settings.key_prefix)
     own_redis = redis is None
     client = create_redis(settings) if own_redis else redis
@@ -116,9 +117,9 @@ async def open_connection(
             await client.aclose()
 
 
-async def _ensure_stream(coordinator: Any, name: str, shards: int, timeout: float) -> None:
-    from streamworks.exceptions import CoordinatorError
-
+async def _ensure_stream(
+    coordinator: CoordinatorTransport, name: str, shards: int, timeout: float
+) -> None:
     deadline = anyio.current_time() + timeout
     delay = 0.1
     while True:

@@ -10,7 +10,7 @@ messages goes to one shard before the next shard is used, which keeps pipelines
 dense without favouring any shard.
 
 Routing comes from a :class:`RoutingSource`: a fixed layout (:class:`StaticRoutingSource`)
-or the coordinator's leased routing (``streamworks.coordinator.client``).
+or the coordinator's leased routing (``streamworks.runtime.leased_routing``).
 """
 
 from __future__ import annotations

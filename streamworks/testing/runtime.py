@@ -28,15 +28,17 @@ from redis.exceptions import ResponseError
 
 from streamworks.app import App
 from streamworks.clock import Clock
-from streamworks.coordinator.client import CoordinatorClient
-from streamworks.coordinator.local import LocalTransport
-from streamworks.coordinator.member import CoordinatorAssignment
 from streamworks.coordinator.service import CoordinatorService
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.api import CoordinatorApi
+from streamworks.protocol.client import CoordinatorClient
+from streamworks.protocol.local import LocalTransport
 from streamworks.protocol.shards import ShardId
+from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
 from streamworks.runtime.connection import Connection, open_connection
+from streamworks.runtime.membership import CoordinatorAssignment
 from streamworks.runtime.worker import Worker
 from streamworks.settings import CoordinatorSettings, Settings, WorkerSettings
 from streamworks.testing.embedded import EmbeddedRedis
@@ -230,7 +232,9 @@ class TestRuntime(RuntimeObservations):
         self._connection_cm: Any = None
         self.redis: Any = None
         self.service: CoordinatorService | None = None
-        self.coordinator: Any = None
+        #: How members and the app reach the coordinator (a test may wrap it, e.g. to
+        #: cut the link, before it adds a worker).
+        self.coordinator: CoordinatorTransport | None = None
         self.connection: Connection | None = None
         self.slots: list[_WorkerSlot] = []
         self.http_url: str | None = None
@@ -258,7 +262,9 @@ class TestRuntime(RuntimeObservations):
                     admin_token=_secret(self.settings.admin_token),
                 )
             else:
-                self.coordinator = LocalTransport(self.service)
+                # The service is the in-process transport's API (checked by mypy).
+                service: CoordinatorApi = self.service
+                self.coordinator = LocalTransport(service)
             self._connection_cm = open_connection(
                 self.app,
                 self.settings,
@@ -370,6 +376,7 @@ class TestRuntime(RuntimeObservations):
     async def add_worker(self, *, wait: bool = True) -> Worker:
         """Start one more worker (a new member of the group)."""
         assert self._tg is not None
+        assert self.coordinator is not None
         membership = CoordinatorAssignment(self.coordinator, self.settings)
         worker = Worker(self.app, self.redis, membership, settings=self.settings, clock=self.clock)
         scope = anyio.CancelScope()

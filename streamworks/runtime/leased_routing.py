@@ -10,7 +10,6 @@ retired shard the table is invalidated and fetched again.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import anyio
 
@@ -21,6 +20,7 @@ from streamworks.exceptions import (
     RoutingUnavailableError,
 )
 from streamworks.protocol.shards import ShardId
+from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.runtime.routing import RoutingTable, ShardRoute
 
 __all__ = ("LeasedRouting",)
@@ -32,11 +32,17 @@ class LeasedRouting:
     """A :class:`~streamworks.runtime.routing.RoutingSource` backed by the coordinator.
 
     Args:
-        client: the coordinator client (or the in-process transport).
+        client: the transport to the coordinator (HTTP or in-process).
         refresh_at: fraction of the lease after which a background refresh starts.
     """
 
-    def __init__(self, client: Any, *, refresh_at: float = 0.5, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        client: CoordinatorTransport,
+        *,
+        refresh_at: float = 0.5,
+        clock: Clock | None = None,
+    ) -> None:
         self.client = client
         self.clock = clock or Clock()
         self._tables: dict[str, RoutingTable] = {}

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING
 import anyio
 from anyio.abc import TaskStatus
 
-from streamworks.coordinator.client import CoordinatorClient
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
 from streamworks.protocol.shards import ShardId
+from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -43,9 +43,14 @@ log = logging.getLogger("streamworks.member")
 
 
 class CoordinatorAssignment:
-    """Assignment source driven by heartbeats to the coordinator."""
+    """Assignment source driven by heartbeats to the coordinator.
 
-    def __init__(self, client: CoordinatorClient, settings: Settings) -> None:
+    Args:
+        client: the transport to the coordinator (HTTP or in-process).
+        settings: the member's timers (heartbeat interval, rebalance timeout).
+    """
+
+    def __init__(self, client: CoordinatorTransport, settings: Settings) -> None:
         self.client = client
         self.settings = settings
         self.epoch = 0

@@ -256,6 +256,7 @@ class HandlerRuntime:
             args: list[Any] = [value]
         else:
             args = bind_arguments(plan, value, message, context)
+        # Real time, not the worker's clock: a timeout bounds the handler's own work.
         timeout = self.spec.timeout
         try:
             if plan.is_async:

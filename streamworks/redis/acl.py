@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from streamworks.redis.keyspace import Keyspace
+
 __all__ = ("ROLES", "Role", "acl_rules", "setuser_command")
 
 Role = Literal["worker", "producer", "coordinator"]
@@ -32,10 +34,12 @@ _CONNECTION = ["+ping", "+hello", "+auth", "+select"]
 _SCRIPTS = ["+evalsha", "+eval", "+script|load", "+script|exists"]
 
 
-def _rules(role: Role, p: str) -> list[str]:
+def _rules(role: Role, prefix: str) -> list[str]:
     """Root permissions plus selectors ``(...)`` (Redis 7.0+ / Valkey) that tie the
     riskier commands to the keys they are meant for."""
-    shard = f"~{{{p}:*"  # every key in a shard's slot: {<p>:<stream>/<i>@<inc>}:...
+    keys = Keyspace(prefix)
+    shard = f"~{keys.shard_slot_pattern()}"  # every key in a shard's slot
+    dedup = f"(~{keys.dedup_pattern()} +set)"  # idempotent publish
     if role == "worker":
         return [
             shard,
@@ -46,14 +50,14 @@ def _rules(role: Role, p: str) -> list[str]:
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
             "+hget", "+hset", "+hdel",  # retry records
-            f"(~{{{p}:*}}:dedup:* +set)",  # idempotent publish from a handler
-            f"(~{p}:dlq:* +xadd)",  # dead letters
-            f"(~{p}:idem:* +set +get +del +pexpire)",  # default idempotency store
+            dedup,  # idempotent publish from a handler
+            f"(~{keys.dead_letters_pattern()} +xadd)",  # dead letters
+            f"(~{keys.idempotency_pattern()} +set +get +del +pexpire)",  # idempotency store
         ]  # fmt: skip
     if role == "producer":
-        return [shard, *_CONNECTION, *_SCRIPTS, "+xadd", "+get", f"(~{{{p}:*}}:dedup:* +set)"]
+        return [shard, *_CONNECTION, *_SCRIPTS, "+xadd", "+get", dedup]
     return [
-        f"~{{{p}}}:*",
+        f"~{keys.control_pattern()}",
         shard,
         *_CONNECTION,
         *_SCRIPTS,

@@ -97,3 +97,31 @@ class Keyspace:
     def status(self) -> str:
         """Monitoring projection (never read back as truth)."""
         return f"{self.control_tag}:status"
+
+    # -- glob patterns (ACL key selectors, SCAN) --------------------------------------
+    # Patterns over the key names above, kept next to them so a new key family cannot
+    # slip past the ACLs or a namespace cleanup. A prefix has no glob characters
+    # (Settings.key_prefix allows only [A-Za-z0-9._-]), so it is used as is.
+    def shard_slot_pattern(self) -> str:
+        """Every key in any shard's slot: ``{<prefix>:<shard>}:…``."""
+        return f"{{{self.prefix}:*"
+
+    def dedup_pattern(self) -> str:
+        """Every shard-level publish dedup record (:meth:`dedup`)."""
+        return f"{{{self.prefix}:*}}:dedup:*"
+
+    def dead_letters_pattern(self) -> str:
+        """Every dead-letter stream of the namespace (:meth:`dead_letters`)."""
+        return f"{self.prefix}:dlq:*"
+
+    def idempotency_pattern(self) -> str:
+        """Every default idempotency record (:meth:`idempotency`)."""
+        return f"{self.prefix}:idem:*"
+
+    def control_pattern(self) -> str:
+        """Every control-plane key (``{<prefix>}:…``)."""
+        return f"{self.control_tag}:*"
+
+    def namespace_patterns(self) -> tuple[str, ...]:
+        """SCAN patterns that together match every key under the prefix."""
+        return (f"{self.prefix}:*", self.shard_slot_pattern(), self.control_pattern())

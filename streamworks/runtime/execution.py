@@ -29,7 +29,6 @@ import functools
 import inspect
 import logging
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -131,11 +130,13 @@ class HandlerRuntime:
             and not self.plan.wants_context
         )
         self._invoke = _invoker(spec.fn, self.plan.order)
+        self._clock = worker.clock
         self.dispatcher = Dispatcher(
             spec.ordering,
             spec.concurrency,
             self._process_simple if simple else self.process,
             self._dropped,
+            worker.clock,
         )
         self._limiter = anyio.CapacityLimiter(spec.concurrency)
         self._claim_ttl = worker.settings.worker.idempotency_claim_ttl
@@ -255,6 +256,7 @@ class HandlerRuntime:
             args: list[Any] = [value]
         else:
             args = bind_arguments(plan, value, message, context)
+        # Real time, not the worker's clock: a timeout bounds the handler's own work.
         timeout = self.spec.timeout
         try:
             if plan.is_async:
@@ -324,7 +326,7 @@ class HandlerRuntime:
             log.warning("idempotency claim(%s) failed: %s", key, e)
         # Claimed by someone else and not completed (or the store failed): try later,
         # without counting an attempt.
-        return time.monotonic() + _INFRA_RETRY
+        return self._clock.monotonic() + _INFRA_RETRY
 
     async def _release(self, key: str | None) -> None:
         if key is None or self.idempotency is None:
@@ -366,7 +368,8 @@ class HandlerRuntime:
         wait = policy.delay(failures) if delay is None else delay
         wait = 0.0 if math.isnan(wait) or wait < 0 else wait  # NaN and negative: now
         wait = min(wait, _MAX_DELAY)
-        due_ms = int(time.time() * 1000 + wait * 1000)
+        # The record holds wall-clock time: another member may take the message over.
+        due_ms = self._clock.time_ms() + int(wait * 1000)
         reader = message._reader
         assert reader is not None
         try:
@@ -385,7 +388,7 @@ class HandlerRuntime:
             _clip(error, 500),
             wait,
         )
-        return time.monotonic() + wait
+        return self._clock.monotonic() + wait
 
     async def _dead_letter(self, message: Message, reason: str, error: str) -> Outcome:
         """Write the message to the group's dead-letter stream, then ack it."""
@@ -413,14 +416,14 @@ class HandlerRuntime:
                 "entry_id": message.id,
                 "group": self.worker.group,
                 "member": self.worker.member_id,
-                "failed_at": str(int(time.time() * 1000)),
+                "failed_at": str(self._clock.time_ms()),
             }
         )
         try:
             await self.worker.redis.xadd(self.dead_letter_key, fields)
         except RedisError as e:
             log.warning("dead-letter write of %s failed (%s); will retry", message.id, e)
-            return time.monotonic() + _INFRA_RETRY
+            return self._clock.monotonic() + _INFRA_RETRY
         self.statistics.dead_lettered += 1
         if reason == "poison":
             self.statistics.poison += 1

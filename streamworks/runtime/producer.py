@@ -13,13 +13,13 @@ which skips an event id this shard already took (E18).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from streamworks.clock import Clock
 from streamworks.exceptions import BackendError, ShardRetiredError
 from streamworks.protocol.codec import Codec
 from streamworks.protocol.envelope import MAX_PAYLOAD, encode_fields
@@ -75,12 +75,14 @@ class Producer:
         max_reroutes: int = 5,
         sticky_batch: int = 100,
         dedup_windows: Mapping[str, float] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._redis = redis
         self._scripts = scripts
         self._keyspace = keyspace
         self.routing = routing
         self._codec = codec
+        self._clock = clock or Clock()  # stamps published_at (wall clock)
         self._max_reroutes = max_reroutes
         self._sticky_batch = sticky_batch
         # stream -> dedup window (ms) for shard-level idempotent publish by event id.
@@ -101,7 +103,7 @@ class Producer:
         if len(payload) > MAX_PAYLOAD:
             raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
         headers = dict(record.headers) if record.headers else None
-        published_at = now if now is not None else str(int(time.time() * 1000))
+        published_at = now if now is not None else str(self._clock.time_ms())
         return encode_fields(payload, record.key, record.event_id, headers, published_at)
 
     async def publish(self, stream: str, record: Record) -> Published:
@@ -126,7 +128,7 @@ class Producer:
 
     async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
         """Publish a batch in one round trip; results are in the order of ``records``."""
-        now = str(int(time.time() * 1000))
+        now = str(self._clock.time_ms())
         encoded = [self._fields(r, now) for r in records]
         results: list[Published | None] = [None] * len(records)
         todo = list(range(len(records)))

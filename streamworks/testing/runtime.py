@@ -410,7 +410,11 @@ class TestRuntime(RuntimeObservations):
 
     async def advance(self, seconds: float) -> None:
         """Move the coordinator's and workers' clocks forward by ``seconds``: leases,
-        revocation deadlines and routing leases come due without waiting."""
+        revocation deadlines, routing leases and retry backoffs come due without
+        waiting (a message parked for a retry that is due now runs at once).
+
+        Moving past ``lease_ttl`` also ends every member's lease, as a pause that long
+        would: the members rejoin and take their shards over again."""
         self.clock.advance(seconds)
         for worker in self.workers:
             worker.lease.recheck()  # its watchdog sleeps on real time
@@ -508,8 +512,7 @@ def _secret(value: Any) -> str | None:
 
 async def delete_prefix(redis: Any, prefix: str) -> None:
     """Remove every key of a test prefix (keeps a shared server clean)."""
-    patterns = [f"{prefix}:*", f"{{{prefix}:*", f"{{{prefix}}}*"]
-    for pattern in patterns:
+    for pattern in Keyspace(prefix).namespace_patterns():
         batch = [key async for key in redis.scan_iter(match=pattern, count=1000)]
         for i in range(0, len(batch), 500):
             await redis.delete(*batch[i : i + 500])

@@ -45,7 +45,12 @@ class Connection:
 
 
 def create_producer(
-    app: App, settings: Settings, redis: Any, scripts: Scripts, routing: RoutingSource
+    app: App,
+    settings: Settings,
+    redis: Any,
+    scripts: Scripts,
+    routing: RoutingSource,
+    clock: Clock | None = None,
 ) -> Producer:
     """A producer for ``app`` with its streams' dedup windows."""
     return Producer(
@@ -57,6 +62,7 @@ def create_producer(
         max_reroutes=settings.producer.max_reroutes,
         sticky_batch=settings.producer.sticky_batch,
         dedup_windows={s.name: s.dedup_window for s in app.streams.values() if s.dedup_window},
+        clock=clock,
     )
 
 
@@ -103,7 +109,7 @@ async def open_connection(
         if ensure_streams:
             for spec in app.streams.values():
                 await _ensure_stream(coordinator, spec.name, spec.shards, ensure_timeout)
-        producer = create_producer(app, settings, client, scripts, routing)
+        producer = create_producer(app, settings, client, scripts, routing, clock)
         connection = Connection(settings, client, scripts, keyspace, routing, producer, coordinator)
         async with anyio.create_task_group() as tg:
             if leased is not None:

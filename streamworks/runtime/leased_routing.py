@@ -72,7 +72,7 @@ class LeasedRouting:
                     log.warning("routing refresh of %r failed: %s", stream, e)
                     self._refresh_due[stream] = self.clock.monotonic() + 1.0
             upcoming = min(self._refresh_due.values(), default=now + 1.0)
-            with anyio.move_on_after(max(0.01, min(1.0, upcoming - self.clock.monotonic()))):
+            with self.clock.move_on_after(max(0.01, min(1.0, upcoming - self.clock.monotonic()))):
                 await self._added.wait()
             self._added = anyio.Event()
 

@@ -291,12 +291,8 @@ class Store:
     async def group_meta_fields(self, group_id: str) -> tuple[bool, bool]:
         """Whether the group's metadata hash has a ``rev`` and a ``header`` field (an
         operator re-initialises only a group whose header is gone)."""
-        key = self.keyspace.group_meta(group_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hexists(key, "rev")
-        pipe.hexists(key, "header")
-        has_rev, has_header = await pipe.execute()
-        return bool(has_rev), bool(has_header)
+        rev, header = await self.redis.hmget(self.keyspace.group_meta(group_id), ["rev", "header"])
+        return rev is not None, header is not None
 
     async def delete_group_meta(self, group_id: str) -> None:
         """Delete what is left of a group's metadata hash (operator recovery, E21)."""

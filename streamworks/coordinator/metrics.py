@@ -59,3 +59,8 @@ class CoordinatorMetrics:
             "Requests refused with METADATA_UNAVAILABLE (fail closed)",
             registry=r,
         )
+
+    def observe_group(self, group_id: str, *, group_epoch: int, live_members: int) -> None:
+        """Record a group's epoch and live member count after a commit."""
+        self.group_epoch.labels(group_id).set(group_epoch)
+        self.members.labels(group_id).set(live_members)

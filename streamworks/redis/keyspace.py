@@ -46,6 +46,28 @@ class Keyspace:
         """Shard-level publish dedup record of ``event_id`` (outlives the shard, E18)."""
         return f"{self.shard_tag(shard)}:dedup:{event_id}"
 
+    # -- data plane: finding and parsing shard keys (coordinator recovery) ------------
+    def stream_pattern(self, stream: str) -> str:
+        """``SCAN`` pattern matching every shard key of ``stream`` (any index or
+        incarnation): the data-plane evidence that a stream existed (E21)."""
+        return f"{{{self.prefix}:{stream}/*}}:stream"
+
+    def fence_pattern(self, group: str) -> str:
+        """``SCAN`` pattern matching the owner fences of ``group`` on every shard."""
+        return f"{{{self.prefix}:*}}:fence:{group}"
+
+    def shard_of(self, key: str) -> ShardId:
+        """The shard a shard-tagged key (:meth:`stream`, :meth:`fence`, ...) belongs to.
+
+        Raises:
+            ValueError: ``key`` is not a shard key under this prefix.
+        """
+        head = f"{{{self.prefix}:"
+        end = key.find("}")
+        if not key.startswith(head) or end < 0:
+            raise ValueError(f"{key!r} is not a shard key under prefix {self.prefix!r}")
+        return ShardId.parse(key[len(head) : end])
+
     # -- per group --------------------------------------------------------------------
     def dead_letters(self, group: str, stream: str) -> str:
         """Dead-letter stream of ``group`` for messages of ``stream``."""

@@ -64,11 +64,17 @@ class CoordinatorAssignment:
 
     def _request(self, worker: Worker, epoch: int) -> HeartbeatRequest:
         joining = epoch == 0
+        full = joining or self._full
+        streams = worker.app.streams
         return HeartbeatRequest(
             member_id=worker.member_id,
             member_epoch=epoch,
             metadata_version=self.metadata_version,
-            subscriptions=sorted(worker.subscriptions) if joining or self._full else None,
+            subscriptions=sorted(worker.subscriptions) if full else None,
+            # Where the group starts on a stream it subscribes to for the first time.
+            subscription_starts={s: streams[s].start for s in worker.subscriptions if s in streams}
+            if full
+            else None,
             owned_shards=[] if joining else sorted(str(s) for s in worker.owned_shards()),
             revoking_shards=[] if joining else sorted(str(s) for s in worker.revoking_shards()),
             fenced_shards=[] if joining else sorted(str(s) for s in worker.fenced),

@@ -21,10 +21,11 @@ demo: venv ## run the orders example end to end on an embedded Redis
 test: venv ## the whole test suite (embedded Redis unless STREAMWORKS_TEST_REDIS_URL is set)
 	$(VENV)/bin/pytest -q
 
-lint: venv ## ruff + mypy strict
+lint: venv ## ruff + mypy strict + the import contract of the layers (.importlinter)
 	$(VENV)/bin/ruff check streamworks tests bench examples
 	$(VENV)/bin/ruff format --check streamworks tests bench examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 format: venv
 	$(VENV)/bin/ruff check --fix streamworks tests bench examples

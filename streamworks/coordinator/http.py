@@ -23,6 +23,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from streamworks.coordinator.dashboard import dashboard_router
+from streamworks.coordinator.observation import Observer
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import (
     ApiError,
@@ -127,6 +129,8 @@ def create_api(service: CoordinatorService) -> FastAPI:
         redoc_url=None,
     )
     api.add_middleware(_BodyLimit)
+    observer = Observer(service)  # status snapshots: /metrics gauges and the dashboard
+    api.include_router(dashboard_router(service, observer))
 
     def _check(request: Request, expected: str | None) -> None:
         if expected is None:
@@ -296,6 +300,7 @@ def create_api(service: CoordinatorService) -> FastAPI:
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
+        await observer.observe()
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return api

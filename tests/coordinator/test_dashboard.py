@@ -15,10 +15,14 @@ from pydantic import SecretStr
 
 from streamworks import App
 from streamworks.coordinator.dashboard.auth import COOKIE, SESSION_SECONDS, DashboardAuth
+from streamworks.coordinator.service import CoordinatorService
+from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
 from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
 from streamworks.testing.runtime import fast_settings
+from tests.coordinator.harness import RecordingRedis, serve_api
+from tests.coordinator.test_no_message_access import MESSAGE_COMMANDS
 
 MEMBER_TOKEN = "member-0c6a1f93e27b5d48"
 ADMIN_TOKEN = "admin-5e2d8b17a96c04f3"
@@ -168,3 +172,32 @@ async def test_sessions_expire_and_die_with_the_token() -> None:
     assert not auth.valid_session(session)
     # No token configured: the dashboard is open.
     assert not DashboardAuth(Settings()).required
+
+
+@pytest.mark.seed("E24")
+async def test_the_dashboard_and_metrics_read_no_message(
+    runtime: TestRuntime, streamworks_redis_url: str
+) -> None:
+    """Everything the dashboard and the status gauges show comes from lengths and
+    ``XINFO``: a replica whose Redis client records every command serves both, and
+    sends no command that reads, writes or deletes an entry."""
+    keyspace = Keyspace(runtime.settings.key_prefix)
+    await runtime.redis.xadd(keyspace.dead_letters("shop", "orders"), {"n": "1"})
+    for n in range(5):
+        await runtime.app.publish("orders", {"n": n}, key=f"k{n}")
+    real = create_redis(runtime.settings)
+    recording = RecordingRedis(real)
+    try:
+        replica = CoordinatorService(recording, runtime.settings, replica="recorded")
+        async with serve_api(replica) as url:
+            viewer = {"authorization": f"Bearer {VIEWER_TOKEN}"}
+            async with httpx.AsyncClient(base_url=url, headers=viewer) as http:
+                page = await http.get("/ui/")
+                metrics = await http.get("/metrics")
+    finally:
+        await real.aclose()
+    assert page.status_code == 200 and 'data-entries="1"' in page.text
+    assert "streamworks_coordinator_dead_letters" in metrics.text
+    names = {c[0] for c in recording.commands}
+    assert {"XLEN", "XINFO GROUPS"} <= names, names
+    assert not names & MESSAGE_COMMANDS, names & MESSAGE_COMMANDS

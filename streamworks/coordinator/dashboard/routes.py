@@ -35,7 +35,8 @@ _HEADERS = {
     "Cache-Control": "no-store",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: with it, a browser sends the login form's Origin as "null".
+    "Referrer-Policy": "same-origin",
     # No inline script or style anywhere: the only script is our own file.
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "

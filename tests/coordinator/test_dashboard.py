@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ from streamworks.testing import TestRuntime
 from streamworks.testing.runtime import fast_settings
 from tests.coordinator.harness import RecordingRedis, serve_api
 from tests.coordinator.test_no_message_access import MESSAGE_COMMANDS
+from tests.e2e.harness import Cluster, free_port, wait_ready
 
 MEMBER_TOKEN = "member-0c6a1f93e27b5d48"
 ADMIN_TOKEN = "admin-5e2d8b17a96c04f3"
@@ -79,6 +81,9 @@ async def test_the_dashboard_needs_a_token_and_never_shows_one(
         forged = {"cookie": f"{COOKIE}=v1.99999999999.{'0' * 64}"}
         assert (await http.get("/ui/", headers=forged)).status_code == 401
         bodies += [refused.text, failed.text]
+        # The viewer token opens the dashboard only: the API refuses it.
+        viewer = {"authorization": f"Bearer {VIEWER_TOKEN}"}
+        assert (await http.get("/v1/status", headers=viewer)).status_code == 401
 
     for token in TOKENS:
         async with httpx.AsyncClient(base_url=runtime.http_url) as http:
@@ -201,3 +206,23 @@ async def test_the_dashboard_and_metrics_read_no_message(
     names = {c[0] for c in recording.commands}
     assert {"XLEN", "XINFO GROUPS"} <= names, names
     assert not names & MESSAGE_COMMANDS, names & MESSAGE_COMMANDS
+
+
+async def test_the_coordinator_command_takes_a_viewer_token(
+    settings: Settings, redis: Any, tmp_path: Path
+) -> None:
+    cluster = Cluster(settings.redis_url, settings.key_prefix, tmp_path)
+    try:
+        port = free_port()
+        coordinator = cluster.start(
+            "coordinator", "coordinator", "--port", str(port), "--viewer-token", VIEWER_TOKEN
+        )
+        coordinator.url = f"http://127.0.0.1:{port}"
+        await wait_ready(coordinator)
+        async with httpx.AsyncClient(base_url=coordinator.url) as http:
+            assert (await http.get("/ui/")).status_code == 401
+            ok = await http.get("/ui/", headers={"authorization": f"Bearer {VIEWER_TOKEN}"})
+            assert ok.status_code == 200 and 'id="panels"' in ok.text
+    finally:
+        cluster.kill_all()
+    assert VIEWER_TOKEN not in coordinator.output()

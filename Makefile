@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv demo test lint format bench chaos clean
+.PHONY: venv demo test lint format bench chaos screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 
 chaos: venv ## fault injection: 30 min of seeded faults, then the checker (CHAOS_ARGS="--seed N --duration S")
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
+
+screenshots: venv ## the browser test, saving the dashboard screenshots docs/ shows (needs chromium)
+	STREAMWORKS_SCREENSHOTS=docs/img $(VENV)/bin/pytest -q tests/browser
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

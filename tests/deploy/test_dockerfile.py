@@ -107,7 +107,7 @@ def test_exposed_ports_are_the_cli_defaults() -> None:
 
 def test_environment_is_settings() -> None:
     env = env_of_final_stage()
-    assert set(k for k in env if k.startswith("STREAMWORKS_")) <= setting_env_names()
+    assert {k for k in env if k.startswith("STREAMWORKS_")} <= setting_env_names()
     assert settings_from_env(env).coordinator.host == "0.0.0.0"
     assert "/opt/streamworks/bin" in env["PATH"]
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # read-only root filesystem in k8s

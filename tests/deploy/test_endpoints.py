@@ -8,8 +8,10 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,7 +59,7 @@ def lag_app(name: str) -> App:
 
 
 async def test_worker_http_endpoint_matches_the_deployment(
-    streamworks_redis_url: str,
+    streamworks_redis_url: str, tmp_path: Path
 ) -> None:
     """The worker's --http-port default is the port the Dockerfile exposes, k8s probes
     and Prometheus scrapes; a real worker answers /livez, /readyz and /metrics there."""
@@ -98,18 +100,20 @@ async def test_worker_http_endpoint_matches_the_deployment(
             "STREAMWORKS_COORDINATOR_URLS": rt.http_url,
         }
         target = "tests.deploy.test_endpoints:WORKER_APP"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamworks", "worker", target, "--http-port", str(port)],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        log = tmp_path / "worker.log"
+        with log.open("wb") as output:
+            proc = await anyio.open_process(
+                [sys.executable, "-m", "streamworks", "worker", target, "--http-port", str(port)],
+                env=env,
+                cwd=ROOT,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+            )
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
 
                 async def answers() -> bool:
-                    assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                    assert proc.returncode is None, log.read_text()
                     try:
                         replies = [await http.get(path) for path in WORKER_HTTP_PATHS]
                     except httpx.TransportError:
@@ -119,7 +123,8 @@ async def test_worker_http_endpoint_matches_the_deployment(
                 await wait_for(answers, 30, "the worker's /livez, /readyz and /metrics")
         finally:
             proc.terminate()
-            proc.wait(timeout=40)
+            with anyio.fail_after(40):
+                await proc.wait()
 
 
 WORKER_APP = lag_app("deploy-http")

@@ -20,11 +20,13 @@ RUN groupadd --system --gid 10001 streamworks \
 COPY --from=build /opt/streamworks /opt/streamworks
 WORKDIR /app
 COPY --chown=10001:10001 examples ./examples
-# Listen on every interface inside the container (the default, 127.0.0.1, is for a laptop).
+# Coordinators and workers listen on every interface inside the container (the
+# default, 127.0.0.1, is for a laptop).
 ENV PATH=/opt/streamworks/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
-    STREAMWORKS_COORDINATOR__HOST=0.0.0.0
+    STREAMWORKS_COORDINATOR__HOST=0.0.0.0 \
+    STREAMWORKS_WORKER__HTTP_HOST=0.0.0.0
 USER 10001:10001
 # 7400: the coordinator's API, /readyz, /livez, /metrics and /ui.
 # 9400: a worker's /livez, /readyz and /metrics.

@@ -26,7 +26,13 @@ COMPOSE = DEPLOY / "compose.yaml"
 #: deployment files use, and the paths they probe and scrape.
 WORKER_HTTP_PORT = 9400
 WORKER_HTTP_PATHS = ("/livez", "/readyz", "/metrics")
-WORKER_HTTP_FLAGS = ("--http-port", "--no-http")
+WORKER_HTTP_FLAGS = ("--http-port", "--http-host", "--no-http")
+#: Settings of the worker's HTTP endpoint the deployment files use. Until the endpoint
+#: exists they are accepted as they are (and ignored by Settings); once it does, they
+#: must be real settings like every other.
+WORKER_HTTP_ENV = frozenset({"STREAMWORKS_WORKER__HTTP_HOST"})
+#: The coordinator's lag gauge the KEDA ScaledObject queries.
+LAG_METRIC = "streamworks_coordinator_shard_lag"
 
 
 def load_yaml_documents(path: Path) -> list[dict[str, Any]]:
@@ -121,6 +127,13 @@ def setting_env_names() -> set[str]:
         else:
             names.add(f"{prefix}{name}".upper())
     return names
+
+
+def allowed_env_names() -> set[str]:
+    """The STREAMWORKS_* names deployment files may set: the settings, and the worker
+    HTTP ones while the worker has no HTTP endpoint yet (test_endpoints.py checks them
+    against the real worker)."""
+    return setting_env_names() | (set() if worker_has_http() else set(WORKER_HTTP_ENV))
 
 
 def settings_from_env(env: Mapping[str, str]) -> Settings:

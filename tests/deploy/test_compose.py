@@ -14,11 +14,11 @@ import pytest
 from tests.deploy.support import (
     DEPLOY,
     ROOT,
+    allowed_env_names,
     check_command_line,
     compose,
     coordinator_get_paths,
     load_yaml_documents,
-    setting_env_names,
     settings_from_env,
     streamworks_env,
 )
@@ -80,7 +80,7 @@ def test_commands_and_flags_exist(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(streamworks_services()))
 def test_environment_is_settings(name: str) -> None:
     env = streamworks_services()[name]["environment"]
-    unknown = set(streamworks_env(env)) - setting_env_names()
+    unknown = set(streamworks_env(env)) - allowed_env_names()
     assert not unknown, f"{name}: not streamworks settings: {sorted(unknown)}"
     settings = settings_from_env(env)
     assert settings.token is not None and urlsplit(settings.redis_url).hostname == "redis"

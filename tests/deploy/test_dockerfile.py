@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from streamworks.settings import Settings
 from tests.deploy.support import (
     ROOT,
+    allowed_env_names,
     check_command_line,
-    setting_env_names,
     settings_from_env,
 )
 
@@ -107,7 +107,7 @@ def test_exposed_ports_are_the_cli_defaults() -> None:
 
 def test_environment_is_settings() -> None:
     env = env_of_final_stage()
-    assert {k for k in env if k.startswith("STREAMWORKS_")} <= setting_env_names()
+    assert {k for k in env if k.startswith("STREAMWORKS_")} <= allowed_env_names()
     assert settings_from_env(env).coordinator.host == "0.0.0.0"
     assert "/opt/streamworks/bin" in env["PATH"]
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"  # read-only root filesystem in k8s

@@ -20,18 +20,24 @@ from streamworks import App
 from streamworks.testing import TestRuntime
 from tests.deploy.support import (
     DEPLOY,
+    LAG_METRIC,
     ROOT,
+    WORKER_HTTP_ENV,
     WORKER_HTTP_FLAGS,
     WORKER_HTTP_PATHS,
     WORKER_HTTP_PORT,
+    check_command_line,
     compose,
     k8s_resource,
     load_yaml_documents,
     option_default,
     option_names,
     resolve_command,
+    setting_env_names,
+    settings_from_env,
     worker_has_http,
 )
+from tests.deploy.test_dockerfile import env_of_final_stage
 from tests.support import wait_for
 
 
@@ -67,7 +73,15 @@ async def test_worker_http_endpoint_matches_the_deployment(
         pytest.skip("worker HTTP endpoint not available yet")
     command, _, _ = resolve_command(["worker"])
     assert set(WORKER_HTTP_FLAGS) <= option_names(command)
-    assert option_default(command, "--http-port") == WORKER_HTTP_PORT
+    assert setting_env_names() >= WORKER_HTTP_ENV
+    # The port and host come from the worker settings unless the flags say otherwise.
+    assert option_default(command, "--http-port") in (None, WORKER_HTTP_PORT)
+    image = settings_from_env(env_of_final_stage())
+    assert image.worker.http_port == WORKER_HTTP_PORT
+    assert image.worker.http_host == "0.0.0.0"  # the kubelet and Prometheus reach it
+    for service in ("worker",):
+        check_command_line(compose()["services"][service]["command"])
+    check_command_line(worker_container()["args"])
 
     container = worker_container()
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": WORKER_HTTP_PORT}
@@ -131,7 +145,7 @@ WORKER_APP = lag_app("deploy-http")
 
 
 async def test_keda_lag_query_metric_exists(streamworks_redis_url: str) -> None:
-    """The ScaledObject sums streamworks_shard_lag{group,stream} by shard: the real
+    """The ScaledObject sums streamworks_coordinator_shard_lag{group,stream} by shard: the real
     coordinator exports it with those labels, and it counts unread entries."""
     app = lag_app("deploy-lag")
     async with TestRuntime(app, workers=1, http=True, redis_url=streamworks_redis_url) as rt:
@@ -144,7 +158,7 @@ async def test_keda_lag_query_metric_exists(streamworks_redis_url: str) -> None:
             async def lag() -> float | None:
                 text = (await http.get("/metrics")).text
                 families = {f.name: f for f in text_string_to_metric_families(text)}
-                family = families.get("streamworks_shard_lag")
+                family = families.get(LAG_METRIC)
                 if family is None:
                     return None
                 samples = [s for s in family.samples if s.labels.get("group") == app.name]
@@ -154,9 +168,9 @@ async def test_keda_lag_query_metric_exists(streamworks_redis_url: str) -> None:
 
             first = await lag()
             if first is None:
-                pytest.skip("coordinator lag metric streamworks_shard_lag not available yet")
+                pytest.skip(f"coordinator lag metric {LAG_METRIC} not available yet")
 
             async def seven() -> bool:
                 return await lag() == 7
 
-            await wait_for(seven, 10, "streamworks_shard_lag to count the 7 unread entries")
+            await wait_for(seven, 10, f"{LAG_METRIC} to count the 7 unread entries")

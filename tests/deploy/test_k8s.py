@@ -12,13 +12,14 @@ import pytest
 from streamworks.settings import Settings
 from tests.deploy.support import (
     K8S_BASE,
+    LAG_METRIC,
+    allowed_env_names,
     check_command_line,
     coordinator_get_paths,
     k8s_resource,
     k8s_resources,
     kustomization,
     load_target,
-    setting_env_names,
     settings_from_env,
     streamworks_env,
 )
@@ -109,7 +110,7 @@ def test_commands_and_flags_exist_in_the_cli(deployment: dict[str, Any]) -> None
 @pytest.mark.parametrize("deployment", deployments(), ids=lambda d: d["metadata"]["name"])
 def test_every_environment_variable_is_a_setting(deployment: dict[str, Any]) -> None:
     env = env_of(deployment)
-    unknown = set(streamworks_env(env)) - setting_env_names()
+    unknown = set(streamworks_env(env)) - allowed_env_names()
     assert not unknown, f"not streamworks settings: {sorted(unknown)}"
     settings_from_env(env)  # and every value is valid
 
@@ -118,7 +119,7 @@ def test_secret_and_configmap_hold_only_settings() -> None:
     for kind, name in (("Secret", "streamworks-tokens"), ("ConfigMap", "streamworks-config")):
         resource = k8s_resource(kind, name)
         keys = set(resource.get("stringData") or resource.get("data") or {})
-        assert keys <= setting_env_names(), f"{kind} {name}: {sorted(keys - setting_env_names())}"
+        assert keys <= allowed_env_names(), f"{kind} {name}: {sorted(keys - allowed_env_names())}"
     tokens = k8s_resource("Secret", "streamworks-tokens")["stringData"]
     assert {"STREAMWORKS_TOKEN", "STREAMWORKS_ADMIN_TOKEN"} <= set(tokens)
 
@@ -244,7 +245,7 @@ def test_scaled_object_targets_the_workers_on_group_lag() -> None:
     assert metadata["serverAddress"].startswith("http")
     assert float(metadata["threshold"]) > 0 and math.isfinite(float(metadata["threshold"]))
     query = metadata["query"]
-    assert "streamworks_shard_lag" in query
+    assert LAG_METRIC in query
     assert f'group="{app.name}"' in query and f'stream="{stream.name}"' in query
     assert query.count("(") == query.count(")")
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]

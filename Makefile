@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv demo test lint format bench chaos clean
+.PHONY: venv demo test lint format docs bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,16 @@ format: venv
 	$(VENV)/bin/ruff check --fix streamworks tests bench examples
 	$(VENV)/bin/ruff format streamworks tests bench examples
 
+DOCS_STAMP := $(VENV)/.docs-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+$(DOCS_STAMP): $(STAMP)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev,docs]'
+	rm -f $(VENV)/.docs-*
+	touch $@
+
+docs: $(DOCS_STAMP) ## the documentation site, built with --strict (a broken link fails) into site/
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt
 	$(PY) bench/run_all.py
@@ -38,4 +48,4 @@ chaos: venv ## fault injection: 30 min of seeded faults, then the checker (CHAOS
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 from streamworks.settings import Settings
 from tests.deploy.support import (
+    PENDING_ENV,
     ROOT,
     allowed_env_names,
     check_command_line,
+    setting_env_names,
     settings_from_env,
 )
 
@@ -103,6 +105,12 @@ def test_exposed_ports_are_the_cli_defaults() -> None:
     exposed = {int(p) for i in final("EXPOSE") for p in i.arguments.split()}
     assert exposed == {Settings().coordinator.port, WORKER_HTTP_PORT}
     # test_worker_http.py checks WORKER_HTTP_PORT against the worker's own default.
+
+
+def test_pending_settings_are_real_once_they_land() -> None:
+    for name, landed in PENDING_ENV.items():
+        if landed():
+            assert name in setting_env_names(), f"{name} is not the setting's name"
 
 
 def test_environment_is_settings() -> None:

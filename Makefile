@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv demo test lint format bench chaos screenshots clean
+.PHONY: venv demo test lint format docs bench chaos screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,16 @@ format: venv
 	$(VENV)/bin/ruff check --fix streamworks tests bench examples
 	$(VENV)/bin/ruff format streamworks tests bench examples
 
+DOCS_STAMP := $(VENV)/.docs-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+$(DOCS_STAMP): $(STAMP)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev,docs]'
+	rm -f $(VENV)/.docs-*
+	touch $@
+
+docs: $(DOCS_STAMP) ## the documentation site, built with --strict (a broken link fails) into site/
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt
 	$(PY) bench/run_all.py
@@ -42,4 +52,4 @@ screenshots: venv ## the browser test, saving the dashboard screenshots docs/ sh
 	STREAMWORKS_SCREENSHOTS=docs/img $(VENV)/bin/pytest -q tests/browser
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -22,7 +22,7 @@ import pytest
 from pydantic import SecretStr
 
 from streamworks import App
-from streamworks.coordinator.client import CoordinatorClient
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.redis.keyspace import Keyspace
 from tests.e2e.apps import instrumented
 from tests.e2e.harness import (

@@ -39,9 +39,9 @@ from typing import Any
 
 import httpx
 
-from streamworks.coordinator.client import CoordinatorClient
 from streamworks.coordinator.core import Topology, assign_uniform
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse
 from streamworks.testing.embedded import EmbeddedRedis
 

@@ -11,12 +11,13 @@ Every error streamworks raises derives from :class:`StreamworksError`::
     │   ├── NoShardsError                  the stream has zero shards (E14)
     │   ├── RoutingUnavailableError        routing lease expired without refresh (E1), retryable
     │   └── ShardRetiredError              routing kept pointing at retired shards (E16)
-    ├── OwnershipError                     this member may not touch a shard (any more)
-    │   ├── FencedError                    the shard's owner fence names someone else
-    │   └── LeaseExpiredError              the local assignment lease ran out (E1)
     ├── CoordinatorError                   the coordinator answered with an error
     │   └── CoordinatorUnavailableError    no coordinator URL answered, retryable
     └── NotConnectedError                  publishing from an app with no open connection
+
+Losing a shard is not an error anybody sees: a read refused by the owner fence, or a
+lease that ran out, makes the member stop reading that shard (or pause), and the
+entries stay pending for the shard's owner (see ``runtime/reader.py``).
 
 Control-flow signals a handler raises are *not* errors and live apart, under
 :class:`HandlerSignal`: :class:`Retry` and :class:`Skip`.
@@ -30,13 +31,10 @@ __all__ = (
     "CoordinatorError",
     "CoordinatorUnavailableError",
     "DecodeError",
-    "FencedError",
     "HandlerSignal",
-    "LeaseExpiredError",
     "NamespaceMismatchError",
     "NoShardsError",
     "NotConnectedError",
-    "OwnershipError",
     "PublishError",
     "Retry",
     "RoutingUnavailableError",
@@ -88,18 +86,6 @@ class ShardRetiredError(PublishError):
     """Publishing kept hitting retired shards after bounded routing refreshes (E16)."""
 
     retryable = True
-
-
-class OwnershipError(StreamworksError):
-    """This member may not (or no longer) read a shard."""
-
-
-class FencedError(OwnershipError):
-    """The shard's owner fence names another grant: ownership moved on."""
-
-
-class LeaseExpiredError(OwnershipError):
-    """The member's local assignment lease expired (E1)."""
 
 
 class CoordinatorError(StreamworksError):

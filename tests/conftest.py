@@ -39,8 +39,7 @@ async def redis(settings: Settings) -> AsyncIterator[Any]:
     try:
         yield client
     finally:
-        prefix = settings.key_prefix
-        for pattern in (f"{prefix}:*", f"{{{prefix}:*", f"{{{prefix}}}*"):
+        for pattern in Keyspace(settings.key_prefix).namespace_patterns():
             keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
             if keys:
                 await client.delete(*keys)

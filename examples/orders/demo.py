@@ -27,8 +27,8 @@ from rich.table import Table
 
 from examples.orders.app import Order, app
 from streamworks import Record
-from streamworks.coordinator.client import CoordinatorClient
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.settings import Settings
 from streamworks.testing.embedded import EmbeddedRedis
 

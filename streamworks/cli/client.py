@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamworks.coordinator.client import CoordinatorClient
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.settings import Settings
 
 __all__ = ("coordinator_client",)

@@ -14,11 +14,11 @@ from rich.table import Table
 
 from streamworks.cli.client import coordinator_client
 from streamworks.cli.common import coordinator_options, make_settings, redis_options, run_async
-from streamworks.coordinator.routing import LeasedRouting
 from streamworks.protocol.codec import JsonCodec
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
+from streamworks.runtime.leased_routing import LeasedRouting
 from streamworks.runtime.producer import Producer, Record
 from streamworks.settings import Settings
 

@@ -1,5 +1,9 @@
 """The coordinator's HTTP API (v1): a thin ASGI shell over :class:`CoordinatorService`.
 
+Each route is registered from its endpoint's definition in
+:mod:`streamworks.protocol.api` (path, method, models, token), the same definitions
+the HTTP client builds its requests from.
+
 Errors are always ``{"error": CODE, "message": ..., "retryable": ...}`` (PROTOCOL §7).
 Requests need ``Authorization: Bearer <token>`` when a token is configured, and the
 admin token for topology changes; tokens are compared in constant time and never
@@ -9,21 +13,27 @@ logged or echoed. ``/livez``, ``/readyz`` and ``/metrics`` need no token.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import secrets
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from streamworks.coordinator.dashboard import dashboard_router
+from streamworks.coordinator.observation import Observer
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol import api as endpoints
+from streamworks.protocol.api import Endpoint
 from streamworks.protocol.control import (
     ApiError,
     ErrorCode,
@@ -46,6 +56,13 @@ if TYPE_CHECKING:
 __all__ = ("QuietServer", "create_api")
 
 log = logging.getLogger("streamworks.coordinator")
+
+RequestT = TypeVar("RequestT", bound="BaseModel | None")
+ResponseT = TypeVar("ResponseT")
+#: A route's validated path parameters, by name (``group``, ``stream``).
+Path = Mapping[str, str]
+#: What a route runs: its path parameters and body in, its answer out.
+Handler = Callable[[Path, RequestT], Awaitable[ResponseT]]
 
 
 class QuietServer(uvicorn.Server):
@@ -127,6 +144,8 @@ def create_api(service: CoordinatorService) -> FastAPI:
         redoc_url=None,
     )
     api.add_middleware(_BodyLimit)
+    observer = Observer(service)  # status snapshots: /metrics gauges and the dashboard
+    api.include_router(dashboard_router(service, observer))
 
     def _check(request: Request, expected: str | None) -> None:
         if expected is None:
@@ -201,84 +220,66 @@ def create_api(service: CoordinatorService) -> FastAPI:
         service.log_unexpected(exc)
         return _error(ErrorCode.INTERNAL, "internal error (see the coordinator's log)", 500, True)
 
+    def route(
+        endpoint: Endpoint[RequestT, ResponseT],
+    ) -> Callable[[Handler[RequestT, ResponseT]], Handler[RequestT, ResponseT]]:
+        """Register a handler for ``endpoint`` under its path, method, models and token."""
+
+        def register(handler: Handler[RequestT, ResponseT]) -> Handler[RequestT, ResponseT]:
+            _add_route(api, endpoint, handler, admin if endpoint.admin else member, _name)
+            return handler
+
+        return register
+
     # -- members and producers ---------------------------------------------------------
-    @api.post(
-        "/v1/groups/{group}/heartbeat",
-        response_model=HeartbeatResponse,
-        responses=_ERRORS,
-        dependencies=member,
-    )
-    async def heartbeat(group: str, body: HeartbeatRequest) -> HeartbeatResponse:
-        return await service.heartbeat(_name("group", group), body)
+    @route(endpoints.HEARTBEAT)
+    async def heartbeat(path: Path, body: HeartbeatRequest) -> HeartbeatResponse:
+        return await service.heartbeat(path["group"], body)
 
-    @api.get(
-        "/v1/streams/{stream}/routing",
-        response_model=RoutingResponse,
-        responses=_ERRORS,
-        dependencies=member,
-    )
-    async def routing(stream: str) -> RoutingResponse:
-        return await service.routing(_name("stream", stream))
+    @route(endpoints.ROUTING)
+    async def routing(path: Path, _: None) -> RoutingResponse:
+        return await service.routing(path["stream"])
 
-    @api.post(
-        "/v1/streams/ensure", response_model=StreamInfo, responses=_ERRORS, dependencies=member
-    )
-    async def ensure_stream(body: StreamCreateRequest) -> StreamInfo:
+    @route(endpoints.ENSURE_STREAM)
+    async def ensure_stream(_: Path, body: StreamCreateRequest) -> StreamInfo:
         return await service.ensure_stream(body.name, body.shards)
 
     # -- topology ------------------------------------------------------------------------
-    @api.post("/v1/streams", response_model=StreamInfo, responses=_ERRORS, dependencies=admin)
-    async def create_stream(body: StreamCreateRequest) -> StreamInfo:
+    @route(endpoints.CREATE_STREAM)
+    async def create_stream(_: Path, body: StreamCreateRequest) -> StreamInfo:
         return await service.create_stream(body.name, body.shards)
 
-    @api.post(
-        "/v1/streams/{stream}/scale",
-        response_model=StreamInfo,
-        responses=_ERRORS,
-        dependencies=admin,
-    )
-    async def scale_stream(stream: str, body: StreamScaleRequest) -> StreamInfo:
-        return await service.scale_stream(_name("stream", stream), body.shards)
+    @route(endpoints.SCALE_STREAM)
+    async def scale_stream(path: Path, body: StreamScaleRequest) -> StreamInfo:
+        return await service.scale_stream(path["stream"], body.shards)
 
-    @api.post(
-        "/v1/admin/unsubscribe",
-        response_model=StatusResponse,
-        responses=_ERRORS,
-        dependencies=admin,
-    )
-    async def unsubscribe(body: UnsubscribeRequest) -> StatusResponse:
+    @route(endpoints.UNSUBSCRIBE)
+    async def unsubscribe(_: Path, body: UnsubscribeRequest) -> StatusResponse:
         return await service.unsubscribe(body)
 
-    @api.post(
-        "/v1/admin/reinitialize",
-        response_model=StatusResponse,
-        responses=_ERRORS,
-        dependencies=admin,
-    )
-    async def reinitialize(body: ReinitializeRequest) -> StatusResponse:
+    @route(endpoints.REINITIALIZE)
+    async def reinitialize(_: Path, body: ReinitializeRequest) -> StatusResponse:
         return await service.reinitialize(body)
 
     # -- reading -------------------------------------------------------------------------
-    @api.get("/v1/streams", response_model=list[StreamInfo], responses=_ERRORS, dependencies=member)
-    async def list_streams() -> list[StreamInfo]:
+    @route(endpoints.LIST_STREAMS)
+    async def list_streams(_: Path, __: None) -> list[StreamInfo]:
         return (await service.status()).streams
 
-    @api.get(
-        "/v1/streams/{stream}", response_model=StreamInfo, responses=_ERRORS, dependencies=member
-    )
-    async def show_stream(stream: str) -> StreamInfo:
-        return await service.stream_info(_name("stream", stream))
+    @route(endpoints.SHOW_STREAM)
+    async def show_stream(path: Path, _: None) -> StreamInfo:
+        return await service.stream_info(path["stream"])
 
-    @api.get("/v1/groups", response_model=list[GroupInfo], responses=_ERRORS, dependencies=member)
-    async def list_groups() -> list[GroupInfo]:
+    @route(endpoints.LIST_GROUPS)
+    async def list_groups(_: Path, __: None) -> list[GroupInfo]:
         return (await service.status()).groups
 
-    @api.get("/v1/groups/{group}", response_model=GroupInfo, responses=_ERRORS, dependencies=member)
-    async def show_group(group: str) -> GroupInfo:
-        return await service.group_info(_name("group", group))
+    @route(endpoints.SHOW_GROUP)
+    async def show_group(path: Path, _: None) -> GroupInfo:
+        return await service.group_info(path["group"])
 
-    @api.get("/v1/status", response_model=StatusResponse, responses=_ERRORS, dependencies=member)
-    async def status() -> StatusResponse:
+    @route(endpoints.STATUS)
+    async def status(_: Path, __: None) -> StatusResponse:
         return await service.status()
 
     # -- health ----------------------------------------------------------------------------
@@ -296,6 +297,44 @@ def create_api(service: CoordinatorService) -> FastAPI:
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
+        await observer.observe()
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return api
+
+
+def _add_route(
+    api: FastAPI,
+    endpoint: Endpoint[RequestT, ResponseT],
+    handler: Handler[RequestT, ResponseT],
+    dependencies: Sequence[params.Depends],
+    valid_name: Callable[[str, str], str],
+) -> None:
+    # FastAPI reads a route's parameters from its function's signature: give it one
+    # made from the endpoint (each path parameter a string, the body its model), so
+    # nothing of the endpoint is written twice.
+    parameters = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str)
+        for name in endpoint.parameters
+    ]
+    if endpoint.request is not None:
+        parameters.append(
+            inspect.Parameter("body", inspect.Parameter.KEYWORD_ONLY, annotation=endpoint.request)
+        )
+
+    async def call(**values: object) -> ResponseT:
+        body = cast(RequestT, values.pop("body", None))
+        # Every path parameter is a group or stream name, named after its kind.
+        path = {name: valid_name(name, str(value)) for name, value in values.items()}
+        return await handler(path, body)
+
+    call.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    api.add_api_route(
+        endpoint.path,
+        call,
+        methods=[endpoint.method],
+        name=endpoint.name,
+        response_model=endpoint.response,
+        responses=_ERRORS,
+        dependencies=list(dependencies),
+    )

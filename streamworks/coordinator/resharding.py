@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from streamworks.coordinator import provision
 from streamworks.coordinator.core.migrations import (
@@ -30,12 +29,12 @@ from streamworks.coordinator.core.migrations import (
     scale,
 )
 from streamworks.coordinator.core.streams import StreamMeta
-from streamworks.coordinator.store import Conflict, MetadataUnavailable
+from streamworks.coordinator.discipline import WriteDiscipline
+from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.shards import ShardId
-
-if TYPE_CHECKING:
-    from streamworks.coordinator.service import CoordinatorService
+from streamworks.redis.keyspace import Keyspace
+from streamworks.settings import Settings
 
 __all__ = ("Resharder",)
 
@@ -49,10 +48,13 @@ FENCE_MARGIN_MS = 1_000
 class Resharder:
     """Migrations of one coordinator replica."""
 
-    def __init__(self, service: CoordinatorService) -> None:
-        self.service = service
-        self.store = service.store
-        self.keyspace = service.keyspace
+    def __init__(
+        self, store: Store, keyspace: Keyspace, settings: Settings, discipline: WriteDiscipline
+    ) -> None:
+        self.store = store
+        self.keyspace = keyspace
+        self.settings = settings
+        self.discipline = discipline
         # Why each draining shard is not retired yet (last check, this replica): shown
         # by `streamworks status` so an operator sees e.g. "lag unknown (nil)".
         self.blockers: dict[str, str] = {}
@@ -60,9 +62,9 @@ class Resharder:
 
     async def scale(self, name: str, shards: int) -> StreamMeta:
         """Change ``name`` to ``shards`` routable shards (see the module docstring)."""
-        settings = self.service.settings
+        settings = self.settings
         lease_ms = int(settings.routing_lease * 1000) + FENCE_MARGIN_MS
-        async with self.service.critical(self.keyspace.stream_mutex(name)):
+        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
             for _ in range(settings.coordinator.cas_retries):
                 rev, meta = await self.store.load_stream(name)
                 if meta is None:
@@ -115,7 +117,7 @@ class Resharder:
                 log.warning("stream %s: %s", name, e.message)
 
     async def _check_and_retire(self, name: str) -> None:
-        async with self.service.critical(self.keyspace.stream_mutex(name)):
+        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
             rev, meta = await self.store.load_stream(name)
             if meta is None:
                 return
@@ -127,16 +129,11 @@ class Resharder:
             retired: list[str] = []
             for record in due:
                 shard_id = record.shard_id(name)
-                shard = ShardId.parse(shard_id)
-                keys = [self.keyspace.stream(shard)]
-                for group in groups:
-                    keys += [self.keyspace.fence(shard, group), self.keyspace.retries(shard, group)]
-                reply = await self.store.scripts.retire(keys=keys, args=["retire", *groups])
-                if reply[0] in (1, 2):
+                done, reason = await self.store.retire_shard(ShardId.parse(shard_id), groups)
+                if done:
                     retired.append(shard_id)
                     self.blockers.pop(shard_id, None)
                 else:
-                    reason = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
                     self.blockers[shard_id] = reason
                     self._log_blocked(name, shard_id, reason)
             if not retired:

@@ -32,8 +32,10 @@ from streamworks.clock import Clock
 from streamworks.coordinator.core import FenceWrite, Group, Member
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.control import ShardGroupInfo
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.namespace import claim_namespace
 from streamworks.redis.scripts import Scripts
 
 __all__ = (
@@ -110,6 +112,11 @@ class Store:
         self._groups: dict[str, tuple[int, Group]] = {}
         self._streams: dict[str, tuple[int, StreamMeta]] = {}
         self._reported: dict[str, float] = {}  # fail-closed problem -> last logged
+
+    # -- namespace identity ------------------------------------------------------------
+    async def claim_namespace(self) -> str:
+        """The namespace id, created if missing (``SET NX``; ``redis/namespace.py``)."""
+        return await claim_namespace(self.redis, self.keyspace)
 
     # -- time and mutexes ------------------------------------------------------------
     async def now_ms(self) -> int:
@@ -287,6 +294,17 @@ class Store:
             m.decode() for m in await self.redis.smembers(self.keyspace.registry_groups())
         )
 
+    async def group_meta_fields(self, group_id: str) -> tuple[bool, bool]:
+        """Whether the group's metadata hash has a ``rev`` and a ``header`` field (an
+        operator re-initialises only a group whose header is gone)."""
+        rev, header = await self.redis.hmget(self.keyspace.group_meta(group_id), ["rev", "header"])
+        return rev is not None, header is not None
+
+    async def delete_group_meta(self, group_id: str) -> None:
+        """Delete what is left of a group's metadata hash (operator recovery, E21)."""
+        await self.redis.delete(self.keyspace.group_meta(group_id))
+        self._groups.pop(group_id, None)
+
     # -- streams ---------------------------------------------------------------------
     def cached_stream(self, name: str) -> tuple[int, StreamMeta] | None:
         return self._streams.get(name)
@@ -359,13 +377,24 @@ class Store:
     async def existing_shard_keys(self, stream: str) -> list[str]:
         """Shard keys of ``stream`` present in Redis (data-plane evidence that the
         stream existed; a SCAN, used only when creating or re-initialising)."""
-        pattern = f"{{{self.keyspace.prefix}:{stream}/*}}:stream"
+        pattern = self.keyspace.stream_pattern(stream)
         return sorted([k.decode() async for k in self.redis.scan_iter(match=pattern, count=1000)])
+
+    async def existing_shards(self, stream: str) -> list[ShardId]:
+        """The shards of :meth:`existing_shard_keys`, parsed."""
+        return [self.keyspace.shard_of(k) for k in await self.existing_shard_keys(stream)]
+
+    async def entries_added(self, shard: ShardId) -> int:
+        """How many entries the shard's stream ever received (``XINFO STREAM``); an
+        answer without the field counts as written (1), so nothing is taken as fresh
+        on a guess."""
+        info = await self.redis.xinfo_stream(self.keyspace.stream(shard))
+        return int(info.get("entries-added", 1))
 
     async def highest_fence_epoch(self, group_id: str) -> int:
         """The highest grant epoch in any owner fence of ``group_id`` (a SCAN; used when
         an operator re-initialises a group, so new epochs are above all of them)."""
-        pattern = f"{{{self.keyspace.prefix}:*}}:fence:{group_id}"
+        pattern = self.keyspace.fence_pattern(group_id)
         highest = 0
         async for key in self.redis.scan_iter(match=pattern, count=1000):
             value = await self.redis.get(key)
@@ -381,6 +410,17 @@ class Store:
 
     async def record_subscription(self, stream: str, group: str) -> None:
         await self.redis.sadd(self.keyspace.registry_subscriptions(stream), group)
+
+    async def remove_subscription(self, stream: str, group: str, shards: Iterable[ShardId]) -> None:
+        """Remove ``group``'s consumer groups, owner fences and retry records from
+        ``shards``, then its entry in the stream's subscription registry (an operator's
+        unsubscribe). Shards already gone are skipped."""
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in shards:
+            pipe.execute_command("XGROUP", "DESTROY", self.keyspace.stream(shard), group)
+            pipe.delete(self.keyspace.fence(shard, group), self.keyspace.retries(shard, group))
+        await pipe.execute(raise_on_error=False)
+        await self.redis.srem(self.keyspace.registry_subscriptions(stream), group)
 
     async def write_fences(
         self, group_id: str, fences: Iterable[FenceWrite]
@@ -405,3 +445,68 @@ class Store:
                 current = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
                 refused.append((fence, current))
         return refused
+
+    # -- the data plane, as evidence (positions and drains; never messages, E24) ------
+    async def ping(self) -> bool:
+        """Whether Redis answers (any error counts as no)."""
+        try:
+            return bool(await self.redis.ping())
+        except Exception:
+            return False
+
+    async def shard_positions(
+        self, shards: Sequence[ShardId]
+    ) -> list[tuple[int, list[ShardGroupInfo]] | None]:
+        """Per shard, its length and each consumer group's ``pending`` and ``lag``
+        (``XLEN`` and ``XINFO GROUPS``, pipelined); None where Redis answered an error
+        (e.g. the key is gone)."""
+        if not shards:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in shards:
+            key = self.keyspace.stream(shard)
+            pipe.xlen(key)
+            pipe.xinfo_groups(key)
+        replies = await pipe.execute(raise_on_error=False)
+        out: list[tuple[int, list[ShardGroupInfo]] | None] = []
+        for j in range(len(shards)):
+            length, groups = replies[2 * j], replies[2 * j + 1]
+            if isinstance(length, Exception) or isinstance(groups, Exception):
+                out.append(None)
+                continue
+            infos = [
+                ShardGroupInfo(
+                    group=g["name"].decode(),
+                    pending=int(g["pending"]),
+                    lag=None if g["lag"] is None else int(g["lag"]),
+                )
+                for g in groups
+            ]
+            out.append((int(length), infos))
+        return out
+
+    async def retire_shard(self, shard: ShardId, groups: Sequence[str]) -> tuple[bool, str]:
+        """Delete ``shard`` if every group in ``groups`` drained it (``retire.lua``):
+        ``(retired, why not)``; retired also when it was gone already."""
+        keys = [self.keyspace.stream(shard)]
+        for group in groups:
+            keys += [self.keyspace.fence(shard, group), self.keyspace.retries(shard, group)]
+        reply = await self.scripts.retire(keys=keys, args=["retire", *groups])
+        if reply[0] in (1, 2):
+            return True, ""
+        return False, reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+
+    # -- dead letters: lengths only, for status views (never an entry, E24) ---------------
+    async def dead_letter_lengths(
+        self, pairs: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], int]:
+        """``XLEN`` of the dead-letter stream of each ``(group, stream)`` (0 where there
+        is none), pipelined. Lengths only: the coordinator never reads messages."""
+        pairs = list(pairs)
+        if not pairs:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for group, stream in pairs:
+            pipe.xlen(self.keyspace.dead_letters(group, stream))
+        replies = await pipe.execute()
+        return {pair: int(n) for pair, n in zip(pairs, replies, strict=True)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = (
@@ -27,6 +27,7 @@ __all__ = (
     "ShardGrant",
     "ShardGroupInfo",
     "ShardInfo",
+    "StartPosition",
     "StatusResponse",
     "StreamCreateRequest",
     "StreamInfo",
@@ -42,6 +43,10 @@ ShardIdText = Annotated[
 ]
 MemberId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 ShortText = Annotated[str, StringConstraints(max_length=200)]
+
+#: Where a group starts on a stream it subscribes to for the first time: the first
+#: entry still retained, or only entries published after it joined.
+StartPosition = Literal["earliest", "latest"]
 
 #: Upper bounds on list sizes in requests (hostile-body protection).
 MAX_SHARDS_PER_MEMBER = 65_536
@@ -103,6 +108,21 @@ class HeartbeatRequest(_Request):
     fenced_shards: list[ShardIdText] = Field(default_factory=list, max_length=MAX_SHARDS_PER_MEMBER)
     rebalance_timeout_ms: int | None = Field(None, ge=1_000, le=3_600_000)
     client: dict[ShortText, ShortText] | None = Field(None, max_length=16)
+    #: Per subscribed stream, where the group starts if this request is the one that
+    #: subscribes the group to it; a stream left out starts at ``earliest``.
+    subscription_starts: dict[Name, StartPosition] | None = Field(
+        None, max_length=MAX_SUBSCRIPTIONS
+    )
+
+    @model_validator(mode="after")
+    def _starts_of_subscribed_streams(self) -> HeartbeatRequest:
+        if self.subscription_starts:
+            unknown = set(self.subscription_starts) - set(self.subscriptions or ())
+            if unknown:
+                raise ValueError(
+                    f"subscriptionStarts names streams not in subscriptions: {sorted(unknown)}"
+                )
+        return self
 
 
 class ShardGrant(_Model):

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from streamworks.redis.keyspace import Keyspace
+
 __all__ = ("ROLES", "Role", "acl_rules", "setuser_command")
 
 Role = Literal["worker", "producer", "coordinator"]
@@ -33,10 +35,12 @@ _CONNECTION = ["+ping", "+hello", "+auth", "+select"]
 _SCRIPTS = ["+evalsha", "+eval", "+script|load", "+script|exists"]
 
 
-def _rules(role: Role, p: str) -> list[str]:
+def _rules(role: Role, prefix: str) -> list[str]:
     """Root permissions plus selectors ``(...)`` (Redis 7.0+ / Valkey) that tie the
     riskier commands to the keys they are meant for."""
-    shard = f"~{{{p}:*"  # every key in a shard's slot: {<p>:<stream>/<i>@<inc>}:...
+    keys = Keyspace(prefix)
+    shard = f"~{keys.shard_slot_pattern()}"  # every key in a shard's slot
+    dedup = f"(~{keys.dedup_pattern()} +set)"  # idempotent publish
     if role == "worker":
         return [
             shard,
@@ -47,23 +51,18 @@ def _rules(role: Role, p: str) -> list[str]:
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
             "+hget", "+hset", "+hdel",  # retry records
-            f"(~{{{p}:*}}:dedup:* +set)",  # idempotent publish from a handler
-            f"(~{p}:dlq:* +xadd)",  # dead letters
-            f"(~{p}:idem:* +set +get +del +pexpire)",  # default idempotency store
-            f"(~{{{p}}}:namespace +get)",  # namespace identity check
+            dedup,  # idempotent publish from a handler
+            f"(~{keys.dead_letters_pattern()} +xadd)",  # dead letters
+            f"(~{keys.idempotency_pattern()} +set +get +del +pexpire)",  # idempotency store
+            f"(~{keys.namespace()} +get)",  # namespace identity check
         ]  # fmt: skip
     if role == "producer":
         return [
-            shard,
-            *_CONNECTION,
-            *_SCRIPTS,
-            "+xadd",
-            "+get",
-            f"(~{{{p}:*}}:dedup:* +set)",
-            f"(~{{{p}}}:namespace +get)",  # namespace identity check
-        ]
+            shard, *_CONNECTION, *_SCRIPTS, "+xadd", "+get", dedup,
+            f"(~{keys.namespace()} +get)",  # namespace identity check
+        ]  # fmt: skip
     return [
-        f"~{{{p}}}:*",
+        f"~{keys.control_pattern()}",
         shard,
         *_CONNECTION,
         *_SCRIPTS,

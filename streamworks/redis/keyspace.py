@@ -46,6 +46,28 @@ class Keyspace:
         """Shard-level publish dedup record of ``event_id`` (outlives the shard, E18)."""
         return f"{self.shard_tag(shard)}:dedup:{event_id}"
 
+    # -- data plane: finding and parsing shard keys (coordinator recovery) ------------
+    def stream_pattern(self, stream: str) -> str:
+        """``SCAN`` pattern matching every shard key of ``stream`` (any index or
+        incarnation): the data-plane evidence that a stream existed (E21)."""
+        return f"{{{self.prefix}:{stream}/*}}:stream"
+
+    def fence_pattern(self, group: str) -> str:
+        """``SCAN`` pattern matching the owner fences of ``group`` on every shard."""
+        return f"{{{self.prefix}:*}}:fence:{group}"
+
+    def shard_of(self, key: str) -> ShardId:
+        """The shard a shard-tagged key (:meth:`stream`, :meth:`fence`, ...) belongs to.
+
+        Raises:
+            ValueError: ``key`` is not a shard key under this prefix.
+        """
+        head = f"{{{self.prefix}:"
+        end = key.find("}")
+        if not key.startswith(head) or end < 0:
+            raise ValueError(f"{key!r} is not a shard key under prefix {self.prefix!r}")
+        return ShardId.parse(key[len(head) : end])
+
     # -- per group --------------------------------------------------------------------
     def dead_letters(self, group: str, stream: str) -> str:
         """Dead-letter stream of ``group`` for messages of ``stream``."""
@@ -102,3 +124,31 @@ class Keyspace:
     def status(self) -> str:
         """Monitoring projection (never read back as truth)."""
         return f"{self.control_tag}:status"
+
+    # -- glob patterns (ACL key selectors, SCAN) --------------------------------------
+    # Patterns over the key names above, kept next to them so a new key family cannot
+    # slip past the ACLs or a namespace cleanup. A prefix has no glob characters
+    # (Settings.key_prefix allows only [A-Za-z0-9._-]), so it is used as is.
+    def shard_slot_pattern(self) -> str:
+        """Every key in any shard's slot: ``{<prefix>:<shard>}:…``."""
+        return f"{{{self.prefix}:*"
+
+    def dedup_pattern(self) -> str:
+        """Every shard-level publish dedup record (:meth:`dedup`)."""
+        return f"{{{self.prefix}:*}}:dedup:*"
+
+    def dead_letters_pattern(self) -> str:
+        """Every dead-letter stream of the namespace (:meth:`dead_letters`)."""
+        return f"{self.prefix}:dlq:*"
+
+    def idempotency_pattern(self) -> str:
+        """Every default idempotency record (:meth:`idempotency`)."""
+        return f"{self.prefix}:idem:*"
+
+    def control_pattern(self) -> str:
+        """Every control-plane key (``{<prefix>}:…``)."""
+        return f"{self.control_tag}:*"
+
+    def namespace_patterns(self) -> tuple[str, ...]:
+        """SCAN patterns that together match every key under the prefix."""
+        return (f"{self.prefix}:*", self.shard_slot_pattern(), self.control_pattern())

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from streamworks.exceptions import NamespaceMismatchError
 from streamworks.redis.keyspace import Keyspace
 
-__all__ = ("NamespaceCheck", "claim_namespace", "read_namespace")
+__all__ = ("NamespaceCheck", "claim_namespace", "read_namespace", "where")
 
 
 async def claim_namespace(redis: Any, keyspace: Keyspace) -> str:
@@ -91,6 +91,13 @@ class NamespaceCheck:
             f"key prefix {self.keyspace.prefix!r} ({self.keyspace.namespace()}): use the "
             "coordinator's Redis URL, database and key prefix"
         )
+
+
+def where(transport: Any) -> str:
+    """The coordinator a transport reaches, for messages: its URLs (HTTP client) or
+    ``in-process`` (``TestRuntime``'s transport)."""
+    urls = getattr(transport, "urls", None)
+    return ", ".join(urls) if urls else "in-process"
 
 
 def _masked(url: str) -> str:

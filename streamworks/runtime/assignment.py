@@ -2,7 +2,7 @@
 
 A worker reads exactly the shards its assignment source grants, each with the grant
 token its owner fence holds, and only while the source keeps its lease valid. The
-coordinator-backed source (``streamworks.coordinator.member``) drives this with
+coordinator-backed source (``streamworks.runtime.membership``) drives this with
 heartbeats; :class:`StaticAssignment` grants a fixed set for tests and
 hand-provisioned deployments.
 """

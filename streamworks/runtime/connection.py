@@ -11,10 +11,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from streamworks.clock import Clock
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.client import CoordinatorClient
+from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.namespace import NamespaceCheck
 from streamworks.redis.scripts import Scripts
+from streamworks.runtime.leased_routing import LeasedRouting
 from streamworks.runtime.producer import Producer
 from streamworks.runtime.routing import RoutingSource
 from streamworks.settings import Settings
@@ -38,11 +42,16 @@ class Connection:
     keyspace: Keyspace
     routing: RoutingSource
     producer: Producer
-    coordinator: Any
+    coordinator: CoordinatorTransport
 
 
 def create_producer(
-    app: App, settings: Settings, redis: Any, scripts: Scripts, routing: RoutingSource
+    app: App,
+    settings: Settings,
+    redis: Any,
+    scripts: Scripts,
+    routing: RoutingSource,
+    clock: Clock | None = None,
 ) -> Producer:
     """A producer for ``app`` with its streams' dedup windows."""
     return Producer(
@@ -54,6 +63,7 @@ def create_producer(
         max_reroutes=settings.producer.max_reroutes,
         sticky_batch=settings.producer.sticky_batch,
         dedup_windows={s.name: s.dedup_window for s in app.streams.values() if s.dedup_window},
+        clock=clock,
     )
 
 
@@ -63,7 +73,7 @@ async def open_connection(
     settings: Settings,
     *,
     redis: Any = None,
-    coordinator: Any = None,
+    coordinator: CoordinatorTransport | None = None,
     routing: RoutingSource | None = None,
     ensure_streams: bool = True,
     ensure_timeout: float = 30.0,
@@ -82,9 +92,6 @@ async def open_connection(
         ensure_timeout: how long to keep retrying while the coordinator is not
             reachable yet (processes often start before it); then the error is raised.
     """
-    from streamworks.coordinator.client import CoordinatorClient
-    from streamworks.coordinator.routing import LeasedRouting
-
     keyspace = Keyspace(settings.key_prefix)
     own_redis = redis is None
     client = create_redis(settings) if own_redis else redis
@@ -104,7 +111,7 @@ async def open_connection(
         if ensure_streams:
             for spec in app.streams.values():
                 await _ensure_stream(coordinator, spec.name, spec.shards, ensure_timeout)
-        producer = create_producer(app, settings, client, scripts, routing)
+        producer = create_producer(app, settings, client, scripts, routing, clock)
         connection = Connection(settings, client, scripts, keyspace, routing, producer, coordinator)
         async with anyio.create_task_group() as tg:
             if leased is not None:
@@ -118,9 +125,9 @@ async def open_connection(
             await client.aclose()
 
 
-async def _ensure_stream(coordinator: Any, name: str, shards: int, timeout: float) -> None:
-    from streamworks.exceptions import CoordinatorError
-
+async def _ensure_stream(
+    coordinator: CoordinatorTransport, name: str, shards: int, timeout: float
+) -> None:
     deadline = anyio.current_time() + timeout
     delay = 0.1
     while True:

@@ -19,20 +19,22 @@ parallelism grows exactly as far as handlers actually suspend.
 A message that must wait (a retry backoff, a retry record inherited from a crashed
 member) *parks*: it stays the head of its lane, later messages of that key wait
 behind it (SPEC §5: a retrying message holds back its shard/key, and only those), and
-a timer puts it back in the ready queue when it is due.
+a timer puts it back in the ready queue when it is due. Due times are on the worker's
+:class:`~streamworks.clock.Clock`; when the clock is advanced (``TestRuntime.advance``)
+every parked message is re-timed, so one whose due time has passed runs at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 import anyio
 
+from streamworks.clock import Clock
 from streamworks.runtime.handler import Ordering
 
 if TYPE_CHECKING:
@@ -43,7 +45,8 @@ __all__ = ("Dispatcher", "Outcome")
 log = logging.getLogger("streamworks.dispatcher")
 
 #: What processing a message tells the dispatcher: None when the message is settled
-#: (acked, dead-lettered or dropped), or the monotonic time at which to run it again.
+#: (acked, dead-lettered or dropped), or the time at which to run it again (on the
+#: worker's ``Clock.monotonic()``).
 Outcome = float | None
 
 
@@ -56,6 +59,7 @@ class Dispatcher:
         concurrency: int,
         process: Callable[[Message], Awaitable[Outcome]],
         drop: Callable[[Message], None],
+        clock: Clock | None = None,
     ) -> None:
         """
         Args:
@@ -64,11 +68,13 @@ class Dispatcher:
             process: runs one message and returns its outcome.
             drop: called for a queued message that is discarded without running
                 (its shard was revoked or the lease was lost); it stays pending in Redis.
+            clock: the clock due times are on (the worker's).
         """
         self._ordering = ordering
         self._concurrency = concurrency
         self._process = process
         self._drop = drop
+        self._clock = clock or Clock()
         self._ready: deque[Message] = deque()
         # lane key -> messages queued behind the lane's head (None: head only).
         self._busy: dict[Hashable, deque[Message] | None] = {}
@@ -83,6 +89,11 @@ class Dispatcher:
     def running(self) -> int:
         """Messages whose handler is running now."""
         return len(self._running_now)
+
+    @property
+    def parked(self) -> int:
+        """Messages waiting for their due time (a retry backoff)."""
+        return len(self._parked)
 
     def _lane(self, message: Message) -> Hashable | None:
         ordering = self._ordering
@@ -142,8 +153,23 @@ class Dispatcher:
                 self._ready.append(message)
                 self._wake()
 
-        delay = max(0.0, due - time.monotonic())
+        delay = max(0.0, due - self._clock.monotonic())
         self._parked[message] = asyncio.get_running_loop().call_later(delay, fire)
+
+    def _retime(self) -> None:
+        """The clock was advanced: parked messages that are due now run now, the others
+        wait for what is left of their time."""
+        if not self._parked:
+            return
+        now = self._clock.monotonic()
+        for message, handle in list(self._parked.items()):
+            handle.cancel()
+            del self._parked[message]
+            if message.due <= now:
+                self._ready.append(message)
+            else:
+                self._park(message, message.due)
+        self._wake()
 
     # -- discarding ------------------------------------------------------------------
     def discard(self, keep: Callable[[Message], bool]) -> int:
@@ -183,6 +209,7 @@ class Dispatcher:
     # -- running ---------------------------------------------------------------------
     async def run(self) -> None:
         """Run the runners until cancelled."""
+        stop_retiming = self._clock.on_advance(self._retime)
         try:
             while True:
                 with anyio.CancelScope() as scope:
@@ -193,6 +220,7 @@ class Dispatcher:
                 self._scope = None
                 self._after_cancel()
         finally:
+            stop_retiming()
             for handle in self._parked.values():
                 handle.cancel()
             self._parked.clear()
@@ -248,7 +276,7 @@ class Dispatcher:
             if ready and not self._waking:
                 self._wake()
             while message is not None:
-                if message.due and message.due > time.monotonic():
+                if message.due and message.due > self._clock.monotonic():
                     self._park(message, message.due)
                     break
                 running.add(message)
@@ -258,7 +286,7 @@ class Dispatcher:
                     # A bug in the processing path (the handler's own failures are
                     # settled by ``process``): keep the message, log, try again later.
                     log.exception("processing %r failed; retrying it in 1 s", message)
-                    due = time.monotonic() + 1.0
+                    due = self._clock.monotonic() + 1.0
                 finally:
                     running.discard(message)
                     if self._quiet and not running:

@@ -29,7 +29,7 @@ import functools
 import inspect
 import logging
 import math
-import time
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -132,11 +132,13 @@ class HandlerRuntime:
             and not self.plan.wants_context
         )
         self._invoke = _invoker(spec.fn, self.plan.order)
+        self._clock = worker.clock
         self.dispatcher = Dispatcher(
             spec.ordering,
             spec.concurrency,
             self._process_simple if simple else self.process,
             self._dropped,
+            worker.clock,
         )
         self._limiter = anyio.CapacityLimiter(spec.concurrency)
         self._claim_ttl = worker.settings.worker.idempotency_claim_ttl
@@ -268,6 +270,7 @@ class HandlerRuntime:
             args: list[Any] = [value]
         else:
             args = bind_arguments(plan, value, message, context)
+        # Real time, not the worker's clock: a timeout bounds the handler's own work.
         timeout = self.spec.timeout
         try:
             if plan.is_async:
@@ -337,7 +340,7 @@ class HandlerRuntime:
             log.warning("idempotency claim(%s) failed: %s", key, e)
         # Claimed by someone else and not completed (or the store failed): try later,
         # without counting an attempt.
-        return time.monotonic() + _INFRA_RETRY
+        return self._clock.monotonic() + _INFRA_RETRY
 
     async def _release(self, key: str | None) -> None:
         if key is None or self.idempotency is None:
@@ -380,7 +383,8 @@ class HandlerRuntime:
         wait = policy.delay(failures) if delay is None else delay
         wait = 0.0 if math.isnan(wait) or wait < 0 else wait  # NaN and negative: now
         wait = min(wait, _MAX_DELAY)
-        due_ms = int(time.time() * 1000 + wait * 1000)
+        # The record holds wall-clock time: another member may take the message over.
+        due_ms = self._clock.time_ms() + int(wait * 1000)
         reader = message._reader
         assert reader is not None
         try:
@@ -400,7 +404,7 @@ class HandlerRuntime:
             wait,
             " (traceback suppressed)" if exception is not None and not logged else "",
         )
-        return time.monotonic() + wait
+        return self._clock.monotonic() + wait
 
     async def _dead_letter(
         self, message: Message, reason: str, error: str, exception: BaseException | None = None
@@ -431,7 +435,7 @@ class HandlerRuntime:
                 "entry_id": message.id,
                 "group": self.worker.group,
                 "member": self.worker.member_id,
-                "failed_at": str(int(time.time() * 1000)),
+                "failed_at": str(self._clock.time_ms()),
             }
         )
         if exception is not None:
@@ -440,7 +444,7 @@ class HandlerRuntime:
             await self.worker.redis.xadd(self.dead_letter_key, fields)
         except RedisError as e:
             log.warning("dead-letter write of %s failed (%s); will retry", message.id, e)
-            return time.monotonic() + _INFRA_RETRY
+            return self._clock.monotonic() + _INFRA_RETRY
         self.statistics.dead_lettered += 1
         if reason == "poison":
             self.statistics.poison += 1
@@ -452,7 +456,8 @@ class HandlerRuntime:
 
 
 _CLAIMED = object()
-_perf_counter = time.perf_counter
+# Durations for the metrics are real elapsed time, not the worker's (movable) clock.
+_perf_counter = perf_counter
 
 
 class _NoTimeout:

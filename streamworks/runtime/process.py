@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from streamworks.clock import Clock
-from streamworks.coordinator.member import CoordinatorAssignment
+from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.runtime.connection import open_connection
+from streamworks.runtime.membership import CoordinatorAssignment
 from streamworks.runtime.worker import Worker
 from streamworks.settings import Settings
 
@@ -32,7 +33,7 @@ async def open_worker(
     settings: Settings,
     *,
     redis: Any = None,
-    coordinator: Any = None,
+    coordinator: CoordinatorTransport | None = None,
     member_id: str | None = None,
     clock: Clock | None = None,
 ) -> AsyncIterator[Worker]:

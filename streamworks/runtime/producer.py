@@ -13,13 +13,14 @@ which skips an event id this shard already took (E18).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from streamworks.clock import Clock
 from streamworks.exceptions import BackendError, ShardRetiredError
 from streamworks.protocol.codec import Codec
 from streamworks.protocol.envelope import MAX_PAYLOAD, encode_fields
@@ -76,12 +77,14 @@ class Producer:
         max_reroutes: int = 5,
         sticky_batch: int = 100,
         dedup_windows: Mapping[str, float] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._redis = redis
         self._scripts = scripts
         self._keyspace = keyspace
         self.routing = routing
         self._codec = codec
+        self._clock = clock or Clock()  # stamps published_at (wall clock)
         self._max_reroutes = max_reroutes
         self._sticky_batch = sticky_batch
         # stream -> dedup window (ms) for shard-level idempotent publish by event id.
@@ -103,13 +106,13 @@ class Producer:
         if len(payload) > MAX_PAYLOAD:
             raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
         headers = dict(record.headers) if record.headers else None
-        published_at = now if now is not None else str(int(time.time() * 1000))
+        published_at = now if now is not None else str(self._clock.time_ms())
         return encode_fields(payload, record.key, record.event_id, headers, published_at)
 
     async def publish(self, stream: str, record: Record) -> Published:
         """Publish one message; see the module docstring for the path it takes."""
         fields = self._fields(record)
-        started = time.perf_counter()
+        started = perf_counter()
         for _ in range(self._max_reroutes):
             table = await self.routing.routing(stream)
             route = table.route(record.key, self._sticky_batch)
@@ -120,7 +123,7 @@ class Producer:
             if result is not None:
                 entry_id, duplicate = result
                 self.statistics.published += 1
-                self.metrics.observe(stream, 1, time.perf_counter() - started)
+                self.metrics.observe(stream, 1, perf_counter() - started)
                 return Published(stream, str(route.shard), entry_id, table.version, duplicate)
             self._retired(stream, table)
         raise ShardRetiredError(
@@ -130,12 +133,12 @@ class Producer:
 
     async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
         """Publish a batch in one round trip; results are in the order of ``records``."""
-        now = str(int(time.time() * 1000))
+        now = str(self._clock.time_ms())
         encoded = [self._fields(r, now) for r in records]
         results: list[Published | None] = [None] * len(records)
         todo = list(range(len(records)))
         dedup = self._dedup_ms.get(stream)
-        started = time.perf_counter()
+        started = perf_counter()
         for _ in range(self._max_reroutes):
             table = await self.routing.routing(stream)
             routes = [table.route(records[i].key, self._sticky_batch) for i in todo]
@@ -165,7 +168,7 @@ class Producer:
                     )
             self.statistics.published += len(todo) - len(retry)
             if not retry:
-                self.metrics.observe(stream, len(records), time.perf_counter() - started)
+                self.metrics.observe(stream, len(records), perf_counter() - started)
                 return [r for r in results if r is not None]
             self._retired(stream, table)
             todo = retry

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -133,7 +132,7 @@ class ShardReader:
             log.error("consumer group missing on %s; stopped reading it", self.shard_name)
             return
         log.warning("read of %s failed (%s); retrying in %.2fs", self.shard_name, error, delay)
-        await anyio.sleep(delay)
+        await self.worker.clock.sleep(delay)
 
     async def _read_round(self) -> None:
         keys: list[Arg] = [self.stream_key, self.fence_key]
@@ -162,7 +161,7 @@ class ShardReader:
             block_ms = self._block_ms if left * 1000 >= self._block_ms else int(left * 1000)
             if block_ms <= 0:
                 self._idle_after = idle_after  # the lease ends first: _wait_turn waits
-                with anyio.move_on_after(max(0.0, self.worker.lease.remaining())):
+                with self.worker.clock.move_on_at(self.worker.lease.deadline):
                     await self.worker.lease.wait_changed()
                 return
             wait: list[Arg] = [
@@ -242,14 +241,15 @@ class ShardReader:
             messages = [make(rid, stream, shard, self, fields) for rid, fields in entries]
         else:
             messages = []
-            now_ms = int(time.time() * 1000)
+            clock = self.worker.clock
+            now_ms, now = clock.time_ms(), clock.monotonic()
             for (rid, fields), record in zip(entries, records, strict=True):
                 if rid in held:
                     continue  # already ours, in flight or waiting for a retry
                 message = make(rid, stream, shard, self, fields)
                 message._claimed = True
                 if record:
-                    _apply_retry_record(message, record, now_ms)
+                    _apply_retry_record(message, record, now_ms, now)
                 messages.append(message)
         if messages:
             held.update(m._rid for m in messages)
@@ -318,8 +318,11 @@ class ShardReader:
         await self._idle.wait()
 
 
-def _apply_retry_record(message: Message, record: bytes, now_ms: int) -> None:
-    """Restore failures and due time left by an earlier attempt (maybe another member)."""
+def _apply_retry_record(message: Message, record: bytes, now_ms: int, now: float) -> None:
+    """Restore failures and due time left by an earlier attempt (maybe another member).
+
+    ``now_ms`` is the clock's wall time (the record's due time is wall time, shared by
+    every member), ``now`` its monotonic time (what the dispatcher's parks are on)."""
     try:
         failures, due_ms = record.split(b":", 1)
         message._failures = int(failures)
@@ -328,4 +331,4 @@ def _apply_retry_record(message: Message, record: bytes, now_ms: int) -> None:
         return
     message._retry_record = True
     if wait > 0:
-        message.due = time.monotonic() + wait
+        message.due = now + wait

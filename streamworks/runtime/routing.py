@@ -10,14 +10,13 @@ messages goes to one shard before the next shard is used, which keeps pipelines
 dense without favouring any shard.
 
 Routing comes from a :class:`RoutingSource`: a fixed layout (:class:`StaticRoutingSource`)
-or the coordinator's leased routing (``streamworks.coordinator.client``).
+or the coordinator's leased routing (``streamworks.runtime.leased_routing``).
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -78,7 +77,8 @@ class RoutingTable:
         version: routing version; grows on every layout change.
         shards: routable shards in index order (empty when the stream has 0 shards).
         protocol: the routing protocol name.
-        expires_at: ``time.monotonic()`` after which the table must not be used.
+        expires_at: the time (on the routing source's ``Clock.monotonic()``) after which
+            the table must not be used.
     """
 
     stream: str
@@ -93,8 +93,9 @@ class RoutingTable:
     def shard_count(self) -> int:
         return len(self.shards)
 
-    def valid(self, now: float | None = None) -> bool:
-        return (time.monotonic() if now is None else now) < self.expires_at
+    def valid(self, now: float) -> bool:
+        """Whether the table may still be used at ``now`` (the source's clock)."""
+        return now < self.expires_at
 
     def route(self, key: str | bytes | None, sticky_batch: int = 100) -> ShardRoute:
         """The shard for ``key``; unkeyed messages follow the sticky round-robin.

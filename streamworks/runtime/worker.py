@@ -13,7 +13,6 @@ Shutdown is graceful: stop reading, let in-flight messages finish within
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -56,6 +55,7 @@ class Worker:
         assignment: the assignment source.
         settings: settings; the app's by default.
         member_id: this member's id; a new UUID per process start by default.
+        clock: the time source of its lease, retries and timers (tests advance it).
     """
 
     def __init__(
@@ -263,11 +263,11 @@ class Worker:
         handlers finish within ``lease_grace``, then cancel them (their entries stay
         pending). Readers pause on their own and re-run takeover once renewed."""
         lease = self.lease
+        clock = self.clock
         grace = self.settings.worker.lease_grace
         while True:
-            delay = lease.remaining()
-            if delay > 0:
-                with anyio.move_on_after(delay):
+            if lease.valid():
+                with clock.move_on_at(lease.deadline):
                     await lease.wait_changed()
                 continue
             if not self.readers:
@@ -279,7 +279,7 @@ class Worker:
                 reader.interrupt_wait()
             for runtime in self.handlers.values():
                 runtime.dispatcher.discard(lambda m: False)
-            with anyio.move_on_after(grace):
+            with clock.move_on_after(grace):
                 for runtime in self.handlers.values():
                     await runtime.dispatcher.wait_quiet()
             if not lease.valid():
@@ -300,7 +300,7 @@ class Worker:
         if not specs:
             return
         while True:
-            await anyio.sleep(interval)
+            await self.clock.sleep(interval)
             for reader in list(self.readers.values()):
                 spec = specs.get(reader.shard.stream)
                 if spec is None or not reader.acked_since_trim:
@@ -308,7 +308,8 @@ class Worker:
                 reader.acked_since_trim = False
                 cap = ""
                 if not spec.delete_on_ack and spec.retention:
-                    cap = f"{int((time.time() - spec.retention) * 1000)}-0"
+                    # Entry ids are wall-clock milliseconds: older than the retention.
+                    cap = f"{self.clock.time_ms() - int(spec.retention * 1000)}-0"
                 try:
                     await self.scripts.trim(keys=[reader.stream_key], args=[cap])
                 except RedisError as e:

@@ -28,15 +28,17 @@ from redis.exceptions import ResponseError
 
 from streamworks.app import App
 from streamworks.clock import Clock
-from streamworks.coordinator.client import CoordinatorClient
-from streamworks.coordinator.local import LocalTransport
-from streamworks.coordinator.member import CoordinatorAssignment
 from streamworks.coordinator.service import CoordinatorService
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.api import CoordinatorApi
+from streamworks.protocol.client import CoordinatorClient
+from streamworks.protocol.local import LocalTransport
 from streamworks.protocol.shards import ShardId
+from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
 from streamworks.runtime.connection import Connection, open_connection
+from streamworks.runtime.membership import CoordinatorAssignment
 from streamworks.runtime.worker import Worker
 from streamworks.settings import CoordinatorSettings, Settings, WorkerSettings
 from streamworks.testing.embedded import EmbeddedRedis
@@ -230,7 +232,9 @@ class TestRuntime(RuntimeObservations):
         self._connection_cm: Any = None
         self.redis: Any = None
         self.service: CoordinatorService | None = None
-        self.coordinator: Any = None
+        #: How members and the app reach the coordinator (a test may wrap it, e.g. to
+        #: cut the link, before it adds a worker).
+        self.coordinator: CoordinatorTransport | None = None
         self.connection: Connection | None = None
         self.slots: list[_WorkerSlot] = []
         self.http_url: str | None = None
@@ -258,7 +262,9 @@ class TestRuntime(RuntimeObservations):
                     admin_token=_secret(self.settings.admin_token),
                 )
             else:
-                self.coordinator = LocalTransport(self.service)
+                # The service is the in-process transport's API (checked by mypy).
+                service: CoordinatorApi = self.service
+                self.coordinator = LocalTransport(service)
             self._connection_cm = open_connection(
                 self.app,
                 self.settings,
@@ -370,6 +376,7 @@ class TestRuntime(RuntimeObservations):
     async def add_worker(self, *, wait: bool = True) -> Worker:
         """Start one more worker (a new member of the group)."""
         assert self._tg is not None
+        assert self.coordinator is not None
         membership = CoordinatorAssignment(self.coordinator, self.settings)
         worker = Worker(self.app, self.redis, membership, settings=self.settings, clock=self.clock)
         scope = anyio.CancelScope()
@@ -407,7 +414,11 @@ class TestRuntime(RuntimeObservations):
 
     async def advance(self, seconds: float) -> None:
         """Move the coordinator's and workers' clocks forward by ``seconds``: leases,
-        revocation deadlines and routing leases come due without waiting."""
+        revocation deadlines, routing leases and retry backoffs come due without
+        waiting (a message parked for a retry that is due now runs at once).
+
+        Moving past ``lease_ttl`` also ends every member's lease, as a pause that long
+        would: the members rejoin and take their shards over again."""
         self.clock.advance(seconds)
         for worker in self.workers:
             worker.lease.recheck()  # its watchdog sleeps on real time
@@ -505,8 +516,7 @@ def _secret(value: Any) -> str | None:
 
 async def delete_prefix(redis: Any, prefix: str) -> None:
     """Remove every key of a test prefix (keeps a shared server clean)."""
-    patterns = [f"{prefix}:*", f"{{{prefix}:*", f"{{{prefix}}}*"]
-    for pattern in patterns:
+    for pattern in Keyspace(prefix).namespace_patterns():
         batch = [key async for key in redis.scan_iter(match=pattern, count=1000)]
         for i in range(0, len(batch), 500):
             await redis.delete(*batch[i : i + 500])

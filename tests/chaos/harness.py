@@ -39,8 +39,8 @@ from typing import Any
 import anyio
 
 from streamworks import App, Record
-from streamworks.coordinator.client import CoordinatorClient
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import StatusResponse
 from streamworks.redis.keyspace import Keyspace
 from streamworks.settings import Settings

@@ -28,7 +28,9 @@ from streamworks.protocol.control import (
     HeartbeatResponse,
     HeartbeatStatus,
     RoutingResponse,
+    StreamInfo,
 )
+from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.redis.client import create_redis
 from streamworks.settings import Settings
 from tests.support import wait_for
@@ -189,7 +191,7 @@ class CutTransport:
     fails like an unreachable coordinator (``CoordinatorUnavailableError``). Every
     heartbeat request is recorded, sent or not, with whether the link was cut."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: CoordinatorTransport) -> None:
         self.inner = inner
         self.cut = False
         #: Cut the link right after delivering an answer with one of these statuses.
@@ -216,7 +218,7 @@ class CutTransport:
         self._check()
         return await self.inner.routing(stream)
 
-    async def ensure_stream(self, name: str, shards: int) -> Any:
+    async def ensure_stream(self, name: str, shards: int) -> StreamInfo:
         self._check()
         return await self.inner.ensure_stream(name, shards)
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from streamworks.coordinator.client import CoordinatorClient
 from streamworks.coordinator.service import CoordinatorService
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import (
     MAX_SHARDS_PER_MEMBER,
     MAX_SUBSCRIPTIONS,

@@ -33,6 +33,7 @@ async def test_example_runs(
 async def test_testing_example(streamworks_runtime: object) -> None:
     module = load(DOCS / "examples" / "testing.py")
     await module.test_welcome_mails(streamworks_runtime)
+    await module.test_reminder_an_hour_later(streamworks_runtime)
 
 
 def test_pages_quote_examples_verbatim() -> None:

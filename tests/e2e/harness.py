@@ -26,8 +26,8 @@ import httpx
 import orjson
 
 from streamworks import App, Published, Record
-from streamworks.coordinator.client import CoordinatorClient
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import GroupInfo, MemberInfo
 from streamworks.settings import Settings
 from tests.e2e.apps import instrumented

@@ -16,7 +16,7 @@ import anyio
 import orjson
 import pytest
 
-from streamworks.coordinator.client import CoordinatorClient
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import StatusResponse, StreamInfo
 from streamworks.redis.keyspace import Keyspace
 from tests.e2e.apps import instrumented

@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from streamworks.coordinator.client import CoordinatorClient
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import GroupInfo
 from tests.e2e.harness import (
     GROUP,

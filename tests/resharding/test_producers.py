@@ -14,10 +14,10 @@ import pytest
 
 from streamworks import Record
 from streamworks.clock import Clock
-from streamworks.coordinator.routing import LeasedRouting
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.scripts import Scripts
 from streamworks.runtime.connection import create_producer
+from streamworks.runtime.leased_routing import LeasedRouting
 from streamworks.runtime.producer import Producer
 from streamworks.runtime.routing import jump_hash, key_hash
 from streamworks.testing import TestRuntime

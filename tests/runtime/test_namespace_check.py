@@ -31,8 +31,8 @@ async def test_the_coordinator_returns_the_id_its_redis_holds(
     async with streamworks_runtime(app_of(1)) as rt:
         assert rt.service is not None
         stored = await rt.redis.get(rt.keyspace.namespace())
-        assert stored is not None and stored.decode() == rt.service.namespace_id
-        assert (await rt.service.routing("orders")).namespace_id == rt.service.namespace_id
+        assert stored is not None and stored.decode() == rt.service.state.namespace_id
+        assert (await rt.service.routing("orders")).namespace_id == rt.service.state.namespace_id
 
 
 async def test_a_new_grant_is_checked_again(

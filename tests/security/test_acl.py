@@ -11,13 +11,13 @@ import pytest
 from redis.exceptions import NoPermissionError
 
 from streamworks import App, Record, RetryPolicy
-from streamworks.coordinator.local import LocalTransport
-from streamworks.coordinator.member import CoordinatorAssignment
 from streamworks.coordinator.service import CoordinatorService
+from streamworks.protocol.local import LocalTransport
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.acl import setuser_command
 from streamworks.redis.client import create_redis
 from streamworks.runtime.connection import open_connection
+from streamworks.runtime.membership import CoordinatorAssignment
 from streamworks.runtime.worker import Worker
 from streamworks.testing.embedded import EmbeddedRedis
 from streamworks.testing.runtime import fast_settings

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from enum import StrEnum
 from types import MappingProxyType
 
 from streamworks.coordinator.core.changes import GroupChange, GroupEdit
@@ -45,6 +44,7 @@ from streamworks.coordinator.core.model import (
 from streamworks.coordinator.core.reconcile import reconcile_member
 from streamworks.coordinator.core.targets import compute_target, note_topology_change, target_due
 from streamworks.exceptions import StreamworksError
+from streamworks.protocol.control import HeartbeatStatus
 from streamworks.protocol.shards import NAME_PATTERN
 
 __all__ = (
@@ -65,15 +65,6 @@ _NO_SHARDS: Mapping[str, int] = MappingProxyType({})
 
 class InvalidHeartbeat(StreamworksError, ValueError):
     """The heartbeat request breaks the protocol (HTTP 400 ``INVALID_REQUEST``)."""
-
-
-class HeartbeatStatus(StrEnum):
-    """Outcome of a heartbeat."""
-
-    OK = "OK"
-    SYNC_METADATA = "SYNC_METADATA"
-    FENCED = "FENCED"
-    UNKNOWN_MEMBER = "UNKNOWN_MEMBER"
 
 
 @dataclass(frozen=True, slots=True)

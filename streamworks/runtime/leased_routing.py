@@ -10,7 +10,6 @@ retired shard the table is invalidated and fetched again.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import anyio
 from redis.exceptions import RedisError
@@ -23,7 +22,8 @@ from streamworks.exceptions import (
     RoutingUnavailableError,
 )
 from streamworks.protocol.shards import ShardId
-from streamworks.redis.namespace import NamespaceCheck
+from streamworks.protocol.transport import CoordinatorTransport
+from streamworks.redis.namespace import NamespaceCheck, where
 from streamworks.runtime.routing import RoutingTable, ShardRoute
 
 __all__ = ("LeasedRouting",)
@@ -35,7 +35,7 @@ class LeasedRouting:
     """A :class:`~streamworks.runtime.routing.RoutingSource` backed by the coordinator.
 
     Args:
-        client: the coordinator client (or the in-process transport).
+        client: the transport to the coordinator (HTTP or in-process).
         refresh_at: fraction of the lease after which a background refresh starts.
         namespace: checks every fetched table's namespace id against this process's
             Redis (``redis/namespace.py``); a mismatch raises ``NamespaceMismatchError``.
@@ -43,7 +43,7 @@ class LeasedRouting:
 
     def __init__(
         self,
-        client: Any,
+        client: CoordinatorTransport,
         *,
         refresh_at: float = 0.5,
         clock: Clock | None = None,
@@ -84,7 +84,7 @@ class LeasedRouting:
                     self._tables.pop(stream, None)
                     self._refresh_due.pop(stream, None)
             upcoming = min(self._refresh_due.values(), default=now + 1.0)
-            with anyio.move_on_after(max(0.01, min(1.0, upcoming - self.clock.monotonic()))):
+            with self.clock.move_on_after(max(0.01, min(1.0, upcoming - self.clock.monotonic()))):
                 await self._added.wait()
             self._added = anyio.Event()
 
@@ -125,9 +125,7 @@ class LeasedRouting:
 
     async def _check(self, namespace_id: str | None) -> None:
         assert self.namespace is not None
-        urls = getattr(self.client, "urls", None)
-        where = ", ".join(urls) if urls else "(in-process)"
         try:
-            await self.namespace.verify(namespace_id, coordinator=where)
+            await self.namespace.verify(namespace_id, coordinator=where(self.client))
         except RedisError as e:
             raise RoutingUnavailableError(f"namespace check failed: {e}") from e

@@ -1,5 +1,9 @@
 """HTTP client of the coordinator API, used by workers, producers and the CLI.
 
+One of the two :class:`~streamworks.protocol.transport.CoordinatorTransport`
+implementations; every request is built from the endpoint's definition in
+:mod:`streamworks.protocol.api` (method, path, body and answer models, token).
+
 Several coordinator URLs may be given (or one load-balanced URL). A request goes to
 the last URL that answered; on a connection failure or a retryable refusal such as
 ``COORDINATOR_TERMINATING`` it moves on to the next, so a rolling update of the
@@ -14,9 +18,11 @@ from typing import Any, TypeVar
 
 import httpx
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from streamworks.exceptions import CoordinatorError, CoordinatorUnavailableError
+from streamworks.protocol import api
+from streamworks.protocol.api import Endpoint
 from streamworks.protocol.control import (
     GroupInfo,
     HeartbeatRequest,
@@ -33,14 +39,16 @@ from streamworks.protocol.control import (
 __all__ = ("CoordinatorClient",)
 
 log = logging.getLogger("streamworks.coordinator.client")
-M = TypeVar("M", bound=BaseModel)
+M = TypeVar("M")
+RequestT = TypeVar("RequestT", bound=BaseModel | None)
+ResponseT = TypeVar("ResponseT")
 
 #: Refusals worth trying on another replica at once.
 _TRY_ELSEWHERE = {"COORDINATOR_TERMINATING"}
 
 
 class CoordinatorClient:
-    """Talks to one or more coordinator replicas.
+    """Talks to one or more coordinator replicas over HTTP.
 
     Args:
         urls: base URLs (``http://host:7400``); tried in turn.
@@ -80,10 +88,10 @@ class CoordinatorClient:
         self,
         method: str,
         path: str,
-        model: type[M],
-        body: BaseModel | None = None,
+        model: TypeAdapter[M],
+        body: BaseModel | None,
         *,
-        admin: bool = False,
+        admin: bool,
     ) -> M:
         token = self._admin_token if admin else self._token
         headers = {"content-type": "application/json"}
@@ -107,7 +115,7 @@ class CoordinatorClient:
             if response.status_code < 400:
                 self._current = index
                 try:
-                    return model.model_validate_json(response.content)
+                    return model.validate_json(response.content)
                 except ValidationError as e:
                     raise CoordinatorError(
                         "INVALID_RESPONSE", f"{url} answered an unexpected body: {e}"
@@ -123,62 +131,57 @@ class CoordinatorClient:
             f"no coordinator answered ({', '.join(self.urls)}): {last}"
         )
 
-    # -- members and producers ---------------------------------------------------------
-    async def heartbeat(self, group: str, request: HeartbeatRequest) -> HeartbeatResponse:
+    async def _call(
+        self, endpoint: Endpoint[RequestT, ResponseT], body: RequestT, **parameters: str
+    ) -> ResponseT:
+        if (body is None) != (endpoint.request is None) or (
+            endpoint.request is not None and not isinstance(body, endpoint.request)
+        ):
+            raise TypeError(f"{endpoint.name} takes a {endpoint.request} body, not {body!r}")
         return await self._request(
-            "POST", f"/v1/groups/{group}/heartbeat", HeartbeatResponse, request
+            endpoint.method,
+            endpoint.url(**parameters),
+            endpoint.response_adapter,
+            body,
+            admin=endpoint.admin,
         )
 
+    # -- members and producers ---------------------------------------------------------
+    async def heartbeat(self, group: str, request: HeartbeatRequest) -> HeartbeatResponse:
+        return await self._call(api.HEARTBEAT, request, group=group)
+
     async def routing(self, stream: str) -> RoutingResponse:
-        return await self._request("GET", f"/v1/streams/{stream}/routing", RoutingResponse)
+        return await self._call(api.ROUTING, None, stream=stream)
 
     async def ensure_stream(self, name: str, shards: int) -> StreamInfo:
         """Create ``name`` if it does not exist (an app's declaration); never rescales."""
-        return await self._request(
-            "POST", "/v1/streams/ensure", StreamInfo, StreamCreateRequest(name=name, shards=shards)
-        )
+        return await self._call(api.ENSURE_STREAM, StreamCreateRequest(name=name, shards=shards))
 
     # -- topology (admin) --------------------------------------------------------------
     async def create_stream(self, name: str, shards: int) -> StreamInfo:
-        return await self._request(
-            "POST",
-            "/v1/streams",
-            StreamInfo,
-            StreamCreateRequest(name=name, shards=shards),
-            admin=True,
-        )
+        return await self._call(api.CREATE_STREAM, StreamCreateRequest(name=name, shards=shards))
 
     async def scale_stream(self, name: str, shards: int) -> StreamInfo:
-        return await self._request(
-            "POST",
-            f"/v1/streams/{name}/scale",
-            StreamInfo,
-            StreamScaleRequest(shards=shards),
-            admin=True,
-        )
+        return await self._call(api.SCALE_STREAM, StreamScaleRequest(shards=shards), stream=name)
 
     async def unsubscribe(self, request: UnsubscribeRequest) -> StatusResponse:
-        return await self._request(
-            "POST", "/v1/admin/unsubscribe", StatusResponse, request, admin=True
-        )
+        return await self._call(api.UNSUBSCRIBE, request)
 
     async def reinitialize(self, request: ReinitializeRequest) -> StatusResponse:
-        return await self._request(
-            "POST", "/v1/admin/reinitialize", StatusResponse, request, admin=True
-        )
+        return await self._call(api.REINITIALIZE, request)
 
     # -- reading -------------------------------------------------------------------------
     async def streams(self) -> list[StreamInfo]:
-        return (await self._request("GET", "/v1/status", StatusResponse)).streams
+        return (await self.status()).streams
 
     async def stream(self, name: str) -> StreamInfo:
-        return await self._request("GET", f"/v1/streams/{name}", StreamInfo)
+        return await self._call(api.SHOW_STREAM, None, stream=name)
 
     async def group(self, name: str) -> GroupInfo:
-        return await self._request("GET", f"/v1/groups/{name}", GroupInfo)
+        return await self._call(api.SHOW_GROUP, None, group=name)
 
     async def status(self) -> StatusResponse:
-        return await self._request("GET", "/v1/status", StatusResponse)
+        return await self._call(api.STATUS, None)
 
 
 def _error_of(response: httpx.Response) -> CoordinatorError:

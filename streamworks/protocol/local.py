@@ -1,14 +1,15 @@
-"""In-process transport: the coordinator client's interface, calling a service directly.
+"""In-process transport: a :class:`CoordinatorTransport` calling a coordinator directly.
 
 ``TestRuntime`` uses it so tests run the real coordinator logic without HTTP (or
 real HTTP when asked). Requests and answers are the same typed models as on the
 wire, and errors are the same :class:`~streamworks.exceptions.CoordinatorError`.
+It calls any :class:`~streamworks.protocol.api.CoordinatorApi` (the coordinator's
+service is one), so the protocol package needs nothing from the coordinator's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from streamworks.protocol.api import CoordinatorApi
 from streamworks.protocol.control import (
     GroupInfo,
     HeartbeatRequest,
@@ -20,16 +21,17 @@ from streamworks.protocol.control import (
     UnsubscribeRequest,
 )
 
-if TYPE_CHECKING:
-    from streamworks.coordinator.service import CoordinatorService
-
 __all__ = ("LocalTransport",)
 
 
 class LocalTransport:
-    """Calls a :class:`CoordinatorService` in this process."""
+    """Calls a coordinator (a :class:`CoordinatorApi`) in this process.
 
-    def __init__(self, service: CoordinatorService) -> None:
+    Args:
+        service: the coordinator, e.g. a ``CoordinatorService``.
+    """
+
+    def __init__(self, service: CoordinatorApi) -> None:
         self.service = service
 
     async def aclose(self) -> None:

@@ -29,11 +29,11 @@ import anyio
 from anyio.abc import TaskStatus
 from redis.exceptions import RedisError
 
-from streamworks.coordinator.client import CoordinatorClient
 from streamworks.exceptions import CoordinatorError, NamespaceMismatchError
 from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
 from streamworks.protocol.shards import ShardId
-from streamworks.redis.namespace import NamespaceCheck
+from streamworks.protocol.transport import CoordinatorTransport
+from streamworks.redis.namespace import NamespaceCheck, where
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -45,9 +45,14 @@ log = logging.getLogger("streamworks.member")
 
 
 class CoordinatorAssignment:
-    """Assignment source driven by heartbeats to the coordinator."""
+    """Assignment source driven by heartbeats to the coordinator.
 
-    def __init__(self, client: CoordinatorClient, settings: Settings) -> None:
+    Args:
+        client: the transport to the coordinator (HTTP or in-process).
+        settings: the member's timers (heartbeat interval, rebalance timeout).
+    """
+
+    def __init__(self, client: CoordinatorTransport, settings: Settings) -> None:
         self.client = client
         self.settings = settings
         self.epoch = 0
@@ -62,11 +67,17 @@ class CoordinatorAssignment:
 
     def _request(self, worker: Worker, epoch: int) -> HeartbeatRequest:
         joining = epoch == 0
+        full = joining or self._full
+        streams = worker.app.streams
         return HeartbeatRequest(
             member_id=worker.member_id,
             member_epoch=epoch,
             metadata_version=self.metadata_version,
-            subscriptions=sorted(worker.subscriptions) if joining or self._full else None,
+            subscriptions=sorted(worker.subscriptions) if full else None,
+            # Where the group starts on a stream it subscribes to for the first time.
+            subscription_starts={s: streams[s].start for s in worker.subscriptions if s in streams}
+            if full
+            else None,
             owned_shards=[] if joining else sorted(str(s) for s in worker.owned_shards()),
             revoking_shards=[] if joining else sorted(str(s) for s in worker.revoking_shards()),
             fenced_shards=[] if joining else sorted(str(s) for s in worker.fenced),
@@ -134,7 +145,7 @@ class CoordinatorAssignment:
         try:
             await check.verify(
                 response.namespace_id,
-                coordinator=", ".join(self.settings.coordinator_urls),
+                coordinator=where(self.client),
                 coordinator_prefix=response.key_prefix,
             )
         except NamespaceMismatchError as e:

@@ -1,0 +1,98 @@
+"""What the coordinator reports: groups, streams and each group's position per shard.
+
+Positions (``pending``/``lag`` per group, the shard's length) are read with
+``XINFO``; the coordinator never reads messages themselves (E24). Everything here
+is read-only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from streamworks.coordinator.core import Group, Member
+from streamworks.coordinator.replica import live_subscriptions
+from streamworks.coordinator.store import MetadataUnavailable, Store
+from streamworks.coordinator.streams import Streams
+from streamworks.exceptions import CoordinatorError
+from streamworks.protocol.control import GroupInfo, MemberInfo, StatusResponse, StreamInfo
+from streamworks.protocol.shards import ShardId
+
+__all__ = ("StatusReport",)
+
+log = logging.getLogger("streamworks.coordinator")
+
+
+class StatusReport:
+    """Builds the ``group``, ``status`` answers of one replica."""
+
+    def __init__(self, store: Store, streams: Streams) -> None:
+        self.store = store
+        self.streams = streams
+
+    async def group_info(self, group_id: str) -> GroupInfo:
+        """The group as recorded, with each member's lease; ``NOT_FOUND`` if absent."""
+        loaded = await self.store.load_group(group_id)
+        if loaded.group is None:
+            raise CoordinatorError("NOT_FOUND", f"group {group_id!r} does not exist", status=404)
+        leases = await self.store.lease_expiries(group_id)
+        return _group_info(loaded.group, leases, loaded.now_ms)
+
+    async def status(self, *, positions: bool = True) -> StatusResponse:
+        """Streams and groups as recorded, with each group's ``pending``/``lag`` per shard
+        (read with ``XINFO``; the coordinator never reads messages themselves, E24)."""
+        streams = []
+        for name in await self.store.registered_streams():
+            try:
+                info = await self.streams.info(name)
+            except MetadataUnavailable as e:
+                log.warning("status: %s", e)
+                continue
+            streams.append(await self._with_positions(info) if positions else info)
+        groups = []
+        for name in await self.store.registered_groups():
+            try:
+                groups.append(await self.group_info(name))
+            except (MetadataUnavailable, CoordinatorError) as e:
+                log.warning("status: %s", e)
+        return StatusResponse(streams=streams, groups=groups)
+
+    async def _with_positions(self, info: StreamInfo) -> StreamInfo:
+        live = [s for s in info.shards if s.state != "RETIRED"]
+        if not live:
+            return info
+        positions = await self.store.shard_positions([ShardId.parse(s.shard) for s in live])
+        out = []
+        for shard in info.shards:
+            position = None if shard.state == "RETIRED" else positions[live.index(shard)]
+            if position is None:
+                out.append(shard)  # retired, or Redis answered an error for it
+                continue
+            length, groups = position
+            out.append(shard.model_copy(update={"length": length, "groups": groups}))
+        return info.model_copy(update={"shards": out})
+
+
+def _group_info(group: Group, leases: Mapping[str, int], now_ms: int) -> GroupInfo:
+    return GroupInfo(
+        group=group.group_id,
+        state=group.state.value,
+        group_epoch=group.group_epoch,
+        target_epoch=group.target_epoch,
+        metadata_version=group.metadata_version,
+        subscriptions=sorted(live_subscriptions(group.members.values())),
+        members=[_member_info(m, leases.get(m.member_id), now_ms) for m in group.members.values()],
+    )
+
+
+def _member_info(member: Member, lease: int | None, now_ms: int) -> MemberInfo:
+    return MemberInfo(
+        member_id=member.member_id,
+        epoch=member.epoch,
+        state=member.state.value,
+        assigned=sorted(member.assigned),
+        pending_revocation=sorted(member.pending_revocation),
+        target=sorted(member.target),
+        lease_expires_in_ms=lease - now_ms if lease is not None else None,
+        client=dict(member.client),
+    )

@@ -46,6 +46,7 @@ def _rules(role: Role, p: str) -> list[str]:
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
             "+hget", "+hset", "+hdel",  # retry records
+            f"(~{{{p}:*}}:groups +smembers)",  # groups that must exist (trim.lua)
             f"(~{{{p}:*}}:dedup:* +set)",  # idempotent publish from a handler
             f"(~{p}:dlq:* +xadd)",  # dead letters
             f"(~{p}:idem:* +set +get +del +pexpire)",  # default idempotency store
@@ -61,10 +62,11 @@ def _rules(role: Role, p: str) -> list[str]:
         # control-plane metadata, mutexes, leases, registry
         "+hget", "+hgetall", "+hmget", "+hset", "+hdel", "+set", "+get", "+del",
         "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore",
-        "+sadd", "+smembers", "+sismember",
-        # shard provisioning, owner fences, positions, drain check and retirement
-        "+exists", "+xgroup|create", "+xgroup|destroy", "+xinfo|groups", "+xinfo|stream",
-        "+xlen",
+        "+sadd", "+srem", "+smembers", "+sismember",
+        # shard provisioning, owner fences, positions, drain check and retirement (with
+        # the lag repair of retire.lua: XGROUP SETID ... ENTRIESREAD)
+        "+exists", "+xgroup|create", "+xgroup|destroy", "+xgroup|setid", "+xinfo|groups",
+        "+xinfo|stream", "+xlen",
     ]  # fmt: skip
 
 

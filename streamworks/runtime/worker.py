@@ -307,7 +307,13 @@ class Worker:
                 if not spec.delete_on_ack and spec.retention:
                     cap = f"{int((time.time() - spec.retention) * 1000)}-0"
                 try:
-                    await self.scripts.trim(keys=[reader.stream_key], args=[cap])
+                    trimmed = await self.scripts.trim(
+                        keys=[reader.stream_key, self.keyspace.shard_groups(reader.shard)],
+                        args=[cap],
+                    )
+                    if int(trimmed) in (-3, -4):  # a group that must exist is missing
+                        reader.acked_since_trim = True  # try again next period
+                        log.debug("trim of %s refused (%d)", reader.shard, trimmed)
                 except RedisError as e:
                     log.warning("trim of %s failed: %s", reader.shard, e)
 

@@ -12,7 +12,7 @@ import pytest
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-from .streams import add_entries, groups, read_group, shard, text
+from .streams import add_entries, groups, read_group, set_key, shard, text
 
 GROUPS = ("billing", "shipping")
 
@@ -25,6 +25,7 @@ class Shard:
         self.scripts = scripts
         self.sid = shard()
         self.stream = keyspace.stream(self.sid)
+        self.groups = keyspace.shard_groups(self.sid)
         self.extra = [keyspace.fence(self.sid, g) for g in GROUPS] + [
             keyspace.retries(self.sid, g) for g in GROUPS
         ]
@@ -32,8 +33,18 @@ class Shard:
         self.other_shard = keyspace.stream(shard(index=1))
 
     async def setup(self, entries: int) -> list[str]:
-        assert await self.scripts.shard_create(keys=[self.stream], args=list(GROUPS)) == 1
-        assert await self.scripts.shard_create(keys=[self.other_shard], args=list(GROUPS)) == 1
+        assert (
+            await self.scripts.shard_create(
+                keys=[self.stream, set_key(self.stream)], args=["sealed", *GROUPS]
+            )
+            == 1
+        )
+        assert (
+            await self.scripts.shard_create(
+                keys=[self.other_shard, set_key(self.other_shard)], args=["sealed", *GROUPS]
+            )
+            == 1
+        )
         for i, g in enumerate(GROUPS):
             await self.redis.set(self.extra[i], f"1:m-{g}")
             await self.redis.hset(self.extra[len(GROUPS) + i], "1-0", "1:0")
@@ -47,14 +58,16 @@ class Shard:
         return ids
 
     async def retire(self, mode: str, required: tuple[str, ...] = GROUPS) -> list[Any]:
-        return await self.scripts.retire(keys=[self.stream, *self.extra], args=[mode, *required])
+        return await self.scripts.retire(
+            keys=[self.stream, self.groups, *self.extra], args=[mode, *required]
+        )
 
     async def existing(self) -> set[str]:
-        keys = [self.stream, *self.extra, self.dedup, self.other_shard]
+        keys = [self.stream, self.groups, *self.extra, self.dedup, self.other_shard]
         return {k for k in keys if await self.redis.exists(k)}
 
     def all_keys(self) -> set[str]:
-        return {self.stream, *self.extra, self.dedup, self.other_shard}
+        return {self.stream, self.groups, *self.extra, self.dedup, self.other_shard}
 
 
 @pytest.fixture
@@ -113,7 +126,7 @@ async def test_trimmed_drained_shard_is_drained(sh: Shard) -> None:
     await sh.setup(4)
     for g in GROUPS:
         await sh.consume(g, 4)
-    assert await sh.scripts.trim(keys=[sh.stream], args=[""]) == 4
+    assert await sh.scripts.trim(keys=[sh.stream, set_key(sh.stream)], args=[""]) == 4
     assert await sh.retire("check") == [1]
 
 
@@ -200,10 +213,10 @@ async def test_entries_that_no_group_ever_read_are_not_drained(
     key = keyspace.stream(shard("orders", 3))
     await redis.execute_command("XGROUP", "CREATE", key, "tmp", "0", "MKSTREAM")
     await redis.execute_command("XGROUP", "DESTROY", key, "tmp")
-    assert await scripts.retire(keys=[key], args=["retire"]) == [1]  # empty: retired
+    assert await scripts.retire(keys=[key, set_key(key)], args=["retire"]) == [1]  # empty: retired
     await redis.execute_command("XGROUP", "CREATE", key, "tmp", "0", "MKSTREAM")
     await redis.execute_command("XGROUP", "DESTROY", key, "tmp")
     await redis.xadd(key, {"v": "1"})
-    status, reason = await scripts.retire(keys=[key], args=["retire"])
+    status, reason = await scripts.retire(keys=[key, set_key(key)], args=["retire"])
     assert status == 0 and b"no consumer group" in reason
     assert await redis.exists(key)

@@ -6,8 +6,9 @@ Hash tags decide which keys share a Redis Cluster slot:
   script may touch several of them atomically;
 * each shard has its own tag ``{<prefix>:<stream>/<index>@<incarnation>}`` shared by
   the stream key, the set of groups that must exist on it, its per-group owner
-  fences and retry records, and its publish dedup records, so the fenced read, the takeover claim, the idempotent publish and
-  the drain-and-retire check each run as one script in the shard's slot;
+  fences and retry records, and its publish dedup records, so the fenced read, the
+  takeover claim, the idempotent publish, trimming and the drain-and-retire check
+  each run as one script in the shard's slot;
 * dead-letter streams and idempotency records are spread by their own names.
 """
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from streamworks.coordinator.core import Group
 from streamworks.coordinator.core.streams import new_stream
 from streamworks.coordinator.store import Store
@@ -33,6 +35,7 @@ async def commit(store: Store, rev: int, group: Group, now_ms: int) -> int:
     return new
 
 
+@pytest.mark.seed("E19")
 async def test_a_group_revision_lost_by_redis_is_never_issued_again(
     redis: Any, keyspace: Keyspace
 ) -> None:

@@ -60,6 +60,7 @@ def _lags_counter_on_reload(info: dict[str, Any]) -> bool:
     return (major, minor) >= (7, 4)
 
 
+@pytest.mark.seed("E11")
 async def test_a_drained_shard_is_retired_after_a_restart_that_lost_entries_read(
     server: EmbeddedRedis,
 ) -> None:

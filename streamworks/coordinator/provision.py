@@ -117,7 +117,7 @@ async def destroy_group(scripts: Scripts, keyspace: Keyspace, shard: ShardId, gr
 class DrainStatus(Enum):
     """Outcome of :func:`drain_check`."""
 
-    DRAINED = "drained"  # proven drained (and retired, when asked)
+    DRAINED = "drained"  # proven drained (and retired, in mode "retire")
     GONE = "gone"  # the shard key no longer exists (retired earlier)
     BLOCKED = "blocked"  # not proven drained: see the reason
     REPAIRED = "repaired"  # lag repaired (Redis < 7.4 after a restart); check again later
@@ -137,16 +137,21 @@ async def drain_check(
     shard: ShardId,
     groups: Sequence[str],
     *,
-    retire: bool = True,
+    mode: Literal["check", "retire", "repair"] = "retire",
 ) -> DrainCheck:
-    """Check a removed shard's drain evidence (``retire.lua``) for every group in
-    ``groups`` (the registry's) and in the shard's own group set; with ``retire``, delete
-    it in the same script when proven drained, and repair a lag that Redis < 7.4 lost
-    on a restart (reported as REPAIRED: the shard is retired by a later check)."""
+    """Check a shard's drain evidence (``retire.lua``) for every group in ``groups``
+    (the registry's) and in the shard's own group set.
+
+    Args:
+        mode: ``retire`` deletes the shard in the same script when proven drained, and
+            repairs a lag that Redis < 7.4 lost on a restart (reported as REPAIRED:
+            a later check retires it); ``repair`` only repairs (for a shard that
+            stays, e.g. ACTIVE); ``check`` writes nothing.
+    """
     keys: list[Any] = [keyspace.stream(shard), keyspace.shard_groups(shard)]
     for group in groups:
         keys += [keyspace.fence(shard, group), keyspace.retries(shard, group)]
-    reply = await scripts.retire(keys=keys, args=["retire" if retire else "check", *groups])
+    reply = await scripts.retire(keys=keys, args=[mode, *groups])
     code = int(reply[0])
     if code == 1:
         return DrainCheck(DrainStatus.DRAINED)

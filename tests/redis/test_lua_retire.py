@@ -333,3 +333,15 @@ async def test_xsetid_below_a_groups_position_does_not_pass_the_proof(
     for _ in range(2):
         await assert_refused(sh, "lag")
     assert all(i["lag"] != 0 for i in (await groups(redis, sh.stream)).values())
+
+
+async def test_repair_mode_repairs_and_never_deletes(sh: Shard, redis: Any) -> None:
+    await sh.setup(3)
+    for g in GROUPS:
+        await sh.consume(g, 3)
+    await forget_entries_read(redis, sh.stream, GROUPS[0])
+
+    status, reason = await sh.retire("repair")
+    assert status == 3 and f"group {GROUPS[0]} lag 3 repaired" in text(reason), reason
+    assert await sh.retire("repair") == [1]
+    assert await sh.existing() == sh.all_keys()

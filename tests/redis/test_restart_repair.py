@@ -82,7 +82,7 @@ async def test_a_drained_shard_is_retired_after_a_restart_that_lost_entries_read
         before = await groups(redis, stream)
         assert all(g["lag"] == 0 and g["entries-read"] == 8 for g in before.values())
         assert (
-            await provision.drain_check(scripts, keyspace, sid, GROUPS, retire=False)
+            await provision.drain_check(scripts, keyspace, sid, GROUPS, mode="check")
         ).status is (DrainStatus.DRAINED)
 
         await redis.aclose()
@@ -108,5 +108,39 @@ async def test_a_drained_shard_is_retired_after_a_restart_that_lost_entries_read
             second = await provision.drain_check(scripts, keyspace, sid, GROUPS)
             assert second.status is DrainStatus.DRAINED, second
         assert await redis.exists(stream, keyspace.shard_groups(sid)) == 0
+    finally:
+        await redis.aclose()
+
+
+async def test_repair_mode_fixes_the_lag_of_a_shard_that_stays(server: EmbeddedRedis) -> None:
+    """An ACTIVE shard that lived through the restart: 'repair' makes its lag exact
+    (for status and monitoring) and never deletes it."""
+    settings = Settings(redis_url=server.url, key_prefix="restart")
+    keyspace = Keyspace(settings.key_prefix)
+    sid = shard("orders", 0)
+    stream = keyspace.stream(sid)
+    redis = create_redis(settings)
+    try:
+        scripts = Scripts(redis)
+        keeps_counter = _lags_counter_on_reload(await redis.info("server"))
+        await provision.create_shards(scripts, keyspace, [sid], list(GROUPS))
+        await add_entries(redis, stream, 6)
+        for g in GROUPS:
+            ids = await read_group(redis, stream, g, "c", 100)
+            await redis.xack(stream, g, *ids)
+        await redis.aclose()
+        await anyio.to_thread.run_sync(server.restart)
+        redis = create_redis(settings)
+        scripts = Scripts(redis)
+
+        first = await provision.drain_check(scripts, keyspace, sid, GROUPS, mode="repair")
+        expected = DrainStatus.DRAINED if keeps_counter else DrainStatus.REPAIRED
+        assert first.status is expected, first
+        assert all(g["lag"] == 0 for g in (await groups(redis, stream)).values())
+        again = await provision.drain_check(scripts, keyspace, sid, GROUPS, mode="repair")
+        assert again.status is DrainStatus.DRAINED, again
+        assert await redis.exists(stream, keyspace.shard_groups(sid)) == 2
+        await add_entries(redis, stream, 2, start=7)  # still a live shard: lag counts on
+        assert all(g["lag"] == 2 for g in (await groups(redis, stream)).values())
     finally:
         await redis.aclose()

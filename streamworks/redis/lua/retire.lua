@@ -17,8 +17,9 @@
 -- stream's entries-added here, so lag is exactly 0. Never `>=`: XSETID can lower
 -- last-generated-id below a group's position, and an entry added after that sits
 -- below the group's position, undelivered. A repaired shard is reported, not retired:
--- a later check retires it on the repaired evidence. Only 'retire' repairs; 'check'
--- writes nothing and names the group as repairable.
+-- a later check retires it on the repaired evidence. 'retire' and 'repair' repair;
+-- 'check' writes nothing and names the group as repairable. 'repair' never deletes:
+-- it serves shards that stay (an ACTIVE shard whose lag a restart broke).
 --
 -- When ARGV[1] is 'retire' and the check passes, the shard key, its group set and its
 -- fences and retry records are deleted in the same script, so a stale producer's
@@ -28,11 +29,11 @@
 -- KEYS[1]   shard stream
 -- KEYS[2]   the shard's group set (deleted with it)
 -- KEYS[3..] more keys to delete with it (fences, retry records)
--- ARGV[1]   'check' | 'retire'
+-- ARGV[1]   'check' | 'retire' | 'repair'
 -- ARGV[2..] groups the registry says must exist on the shard
 --
 -- Returns  {2}              the shard key is already gone
---          {1}              drained (and retired when asked)
+--          {1}              drained (and retired when asked; never for 'repair')
 --          {0, reasons}     not (yet) proven drained; every group's reason, '; '-joined
 --          {3, reasons}     lag repaired for the groups named (nothing retired; the
 --                           reasons also name anything else still in the way)
@@ -108,7 +109,5 @@ if #repaired > 0 then
   return {3, table.concat(repaired, '; ')}
 end
 if #reasons > 0 then return {0, table.concat(reasons, '; ')} end
-if ARGV[1] == 'retire' then
-  redis.call('DEL', unpack(KEYS))
-end
+if ARGV[1] == 'retire' then redis.call('DEL', unpack(KEYS)) end
 return {1}

@@ -27,6 +27,7 @@ SCRIPT_NAMES = (
     "fence",
     "group_commit",
     "group_create",
+    "group_destroy",
     "lease_renew",
     "mutex_release",
     "prune_consumers",
@@ -34,6 +35,7 @@ SCRIPT_NAMES = (
     "read",
     "retire",
     "shard_create",
+    "shard_groups",
     "stream_commit",
     "trim",
 )
@@ -52,6 +54,7 @@ class Scripts:
     fence: AsyncScript
     group_commit: AsyncScript
     group_create: AsyncScript
+    group_destroy: AsyncScript
     lease_renew: AsyncScript
     mutex_release: AsyncScript
     prune_consumers: AsyncScript
@@ -59,6 +62,7 @@ class Scripts:
     read: AsyncScript
     retire: AsyncScript
     shard_create: AsyncScript
+    shard_groups: AsyncScript
     stream_commit: AsyncScript
     trim: AsyncScript
 

@@ -48,6 +48,7 @@ def _rules(role: Role, p: str) -> list[str]:
             "+hget", "+hset", "+hdel",  # retry records
             f"(~{{{p}:*}}:dedup:* +set)",  # idempotent publish from a handler
             f"(~{p}:dlq:* +xadd)",  # dead letters
+            f"(~{{{p}:*}}:redeliver:* +xdel)",  # replayed dead letters, once acked
             f"(~{p}:idem:* +set +get +del +pexpire)",  # default idempotency store
         ]  # fmt: skip
     if role == "producer":

@@ -8,6 +8,9 @@ Hash tags decide which keys share a Redis Cluster slot:
   the stream key, its per-group owner fences and retry records, and its publish
   dedup records, so the fenced read, the takeover claim, the idempotent publish and
   the drain-and-retire check each run as one script in the shard's slot;
+* each group's redelivery stream of a shard (``dlq replay`` writes there, only that
+  group's owner of the shard reads it) shares the shard's tag too, so the owner's
+  fenced read of it checks the same owner fence;
 * dead-letter streams and idempotency records are spread by their own names.
 """
 
@@ -45,6 +48,15 @@ class Keyspace:
     def dedup(self, shard: ShardId, event_id: str) -> str:
         """Shard-level publish dedup record of ``event_id`` (outlives the shard, E18)."""
         return f"{self.shard_tag(shard)}:dedup:{event_id}"
+
+    # -- per-group redelivery (dlq replay): in the shard's slot ---------------------------
+    def redelivery(self, shard: ShardId, group: str) -> str:
+        """Stream of dead letters replayed to ``group`` only, read by its shard owner."""
+        return f"{self.shard_tag(shard)}:redeliver:{group}"
+
+    def redelivery_retries(self, shard: ShardId, group: str) -> str:
+        """Retry records (as :meth:`retries`) of entries of the redelivery stream."""
+        return f"{self.shard_tag(shard)}:redeliver:{group}:retry"
 
     # -- per group --------------------------------------------------------------------
     def dead_letters(self, group: str, stream: str) -> str:

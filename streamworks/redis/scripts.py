@@ -32,6 +32,7 @@ SCRIPT_NAMES = (
     "prune_consumers",
     "publish_dedup",
     "read",
+    "redeliver",
     "retire",
     "shard_create",
     "stream_commit",
@@ -57,6 +58,7 @@ class Scripts:
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
     read: AsyncScript
+    redeliver: AsyncScript
     retire: AsyncScript
     shard_create: AsyncScript
     stream_commit: AsyncScript

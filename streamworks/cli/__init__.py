@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from streamworks.cli.admin import admin
@@ -26,4 +28,17 @@ for command in (coordinator, worker, dev, streams, status, dlq, admin):
 
 
 def main() -> None:
-    cli()
+    """The ``streamworks`` command: a usage mistake is one error line (exit 2), as
+    every other error is; click's multi-line usage block is left to ``--help``."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.UsageError as e:
+        hint = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        click.echo(f"error: {e.format_message()}{hint}", err=True)
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("error: aborted", err=True)
+        sys.exit(1)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import orjson
 from redis.exceptions import RedisError
 
 from streamworks.exceptions import BackendError, ShardRetiredError
@@ -39,13 +40,21 @@ from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from streamworks.redis.wire import run_batch
 from streamworks.runtime.reader import ReaderState, ShardReader
-from streamworks.runtime.routing import RoutingSource
+from streamworks.runtime.routing import RoutingSource, RoutingTable
 
 if TYPE_CHECKING:
     from streamworks.runtime.message import Message
     from streamworks.runtime.worker import Worker
 
-__all__ = ("POLL_INTERVAL", "Redelivered", "Redelivery", "RedeliveryReader", "redeliver")
+__all__ = (
+    "POLL_INTERVAL",
+    "Redelivered",
+    "Redelivery",
+    "RedeliveryReader",
+    "original_key",
+    "redeliver",
+    "target_shard",
+)
 
 log = logging.getLogger("streamworks.redelivery")
 
@@ -68,17 +77,46 @@ class Redelivered:
     routing_version: int
 
 
+def original_key(dead_letter: Mapping[bytes, bytes]) -> str | None:
+    """The original key; ValueError when the entry would be poison again (a key or
+    event id that is not UTF-8, headers that are not a JSON object of strings)."""
+    raw_key = dead_letter.get(b"o.k")
+    key = raw_key.decode() if raw_key is not None else None  # UnicodeDecodeError: ValueError
+    event_id = dead_letter.get(b"o.e")
+    if event_id is not None:
+        event_id.decode()
+    raw_headers = dead_letter.get(b"o.h")
+    if raw_headers is not None:
+        headers = orjson.loads(raw_headers)  # orjson.JSONDecodeError is a ValueError
+        if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            raise ValueError("headers are not an object of strings")
+    return key
+
+
+def target_shard(table: RoutingTable, key: str | None, origin: str) -> ShardId:
+    """Where a replayed dead letter goes: the key's shard under ``table`` (keyed
+    messages keep their per-key order with what is published now), else its origin
+    shard while routable, else the sticky round-robin."""
+    if key is None and any(str(r.shard) == origin for r in table.shards):
+        return ShardId.parse(origin)
+    return table.route(key).shard
+
+
 async def redeliver(
     redis: Any,
     scripts: Scripts,
     keyspace: Keyspace,
     routing: RoutingSource,
     group: str,
+    stream: str,
     dead_letter: Mapping[bytes, bytes],
     *,
     max_reroutes: int = 5,
 ) -> Redelivered:
-    """Replay one dead-letter entry (its raw fields) to ``group`` only.
+    """Replay one dead-letter entry (its raw fields) of ``group``'s dead-letter stream
+    for ``stream`` to ``group`` only.
 
     Raises:
         ValueError: the entry carries no original payload (nothing to replay), or its
@@ -94,20 +132,13 @@ async def redeliver(
             fields += [name, value]
     if b"o.v" not in dead_letter:
         raise ValueError("no original payload")
-    stream = dead_letter.get(b"stream", b"").decode()
     origin = dead_letter.get(b"shard", b"").decode()
-    if not stream:
-        raise ValueError("no origin stream")
-    raw_key = dead_letter.get(b"o.k")
-    key = raw_key.decode() if raw_key is not None else None  # UnicodeDecodeError: ValueError
+    key = original_key(dead_letter)
     # Where it came from, for whoever looks at the message (ignored by the decoder).
     fields += [b"r.origin", f"{origin} {dead_letter.get(b'entry_id', b'').decode()}".encode()]
     for _ in range(max_reroutes):
         table = await routing.routing(stream)
-        if key is None and any(str(r.shard) == origin for r in table.shards):
-            shard = ShardId.parse(origin)
-        else:
-            shard = table.route(key).shard
+        shard = target_shard(table, key, origin)
         try:
             reply = await scripts.redeliver(
                 keys=[keyspace.stream(shard), keyspace.redelivery(shard, group)],

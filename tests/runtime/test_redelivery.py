@@ -56,7 +56,13 @@ async def test_replay_reaches_only_the_dead_letters_group(
         broken.clear()  # the bug is fixed; replay it
         assert rt_a.connection is not None
         result = await redeliver(
-            redis, rt_a.connection.scripts, keyspace, rt_a.connection.routing, "ga", fields
+            redis,
+            rt_a.connection.scripts,
+            keyspace,
+            rt_a.connection.routing,
+            "ga",
+            "orders",
+            fields,
         )
         assert result.shard == published[1].shard  # the key's shard: per-key order holds
         await wait_for(lambda: (1, published[1].shard, 1) in seen_a, 10, "ga to handle it")
@@ -89,7 +95,7 @@ async def test_a_replayed_message_that_fails_again_is_dead_lettered_again(
         await redis.xdel(dlq_key, first_id)
         assert rt.connection is not None
         result = await redeliver(
-            redis, rt.connection.scripts, keyspace, rt.connection.routing, "ga", fields
+            redis, rt.connection.scripts, keyspace, rt.connection.routing, "ga", "orders", fields
         )
         await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the second dead letter")
         [(_, again)] = await redis.xrange(dlq_key)

@@ -10,6 +10,7 @@ from streamworks.cli.admin import admin
 from streamworks.cli.coordinator import coordinator
 from streamworks.cli.dev import dev
 from streamworks.cli.dlq import dlq
+from streamworks.cli.publish import publish
 from streamworks.cli.status import status
 from streamworks.cli.streams import streams
 from streamworks.cli.worker import worker
@@ -23,7 +24,7 @@ def cli() -> None:
     """streamworks: consumers and producers over sharded Redis Streams."""
 
 
-for command in (coordinator, worker, dev, streams, status, dlq, admin):
+for command in (coordinator, worker, dev, publish, streams, status, dlq, admin):
     cli.add_command(command)
 
 

@@ -13,6 +13,8 @@ from rich.table import Table
 from streamworks.cli.client import coordinator_client
 from streamworks.cli.common import coordinator_options, fail, make_settings, run_async
 from streamworks.cli.render import stream_table
+from streamworks.exceptions import ConfigurationError
+from streamworks.protocol.shards import validate_name
 from streamworks.settings import Settings
 
 console = Console()
@@ -29,6 +31,7 @@ def streams() -> None:
 @coordinator_options
 def create(name: str, shards: int, **flags: Any) -> None:
     """Create stream NAME with a number of shards (admin token)."""
+    _check_name(name)
 
     async def run(settings: Settings) -> None:
         async with coordinator_client(settings) as client:
@@ -37,6 +40,13 @@ def create(name: str, shards: int, **flags: Any) -> None:
         console.print(f"{verb} stream [b]{info.name}[/b] with {info.shard_count} shards")
 
     run_async(run)(make_settings(**flags))
+
+
+def _check_name(name: str) -> None:
+    try:
+        validate_name("stream", name)
+    except ConfigurationError as e:
+        fail(str(e), 2)
 
 
 @streams.command("ls")

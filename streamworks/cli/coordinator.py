@@ -64,7 +64,7 @@ async def _run(settings: Settings) -> None:
             fail(f"cannot reach Redis at {safe_url(settings.redis_url)}: {e}")
         host, port = settings.coordinator.host, settings.coordinator.port
         try:
-            sock = _bind(host, port)
+            sock = bind_listener(host, port)
         except OSError as e:
             fail(
                 f"cannot listen on {host}:{port}: {e.strerror or e} (another process, maybe "
@@ -108,7 +108,7 @@ async def _run(settings: Settings) -> None:
         await redis.aclose()
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind_listener(host: str, port: int) -> socket.socket:
     """The listening socket, bound here so that a port in use is one clear error (uvicorn
     would log a traceback and exit with code 3)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -213,7 +213,10 @@ async def test_dev_starts_prints_its_coordinator_and_stops_on_sigint(cluster: Cl
     the printed URL answers; Ctrl-C (SIGINT) stops everything, including its Redis."""
     # A test Redis named in its environment must not be used: dev runs its own.
     env = {**WIDE, "STREAMWORKS_TEST_REDIS_URL": cluster.redis_url}
-    dev = cluster.start("dev", "dev", "examples.orders.app:app", "--workers", "2", env=env)
+    port = free_port()
+    dev = cluster.start(
+        "dev", "dev", "examples.orders.app:app", "--workers", "2", "--port", str(port), env=env
+    )
 
     async def printed_url() -> tuple[str, str] | None:
         if not dev.alive():
@@ -223,6 +226,8 @@ async def test_dev_starts_prints_its_coordinator_and_stops_on_sigint(cluster: Cl
 
     url, redis_url = await wait_until(printed_url, 30, "dev to print its coordinator URL", 0.1)
     assert redis_url != cluster.redis_url
+    assert url == f"http://127.0.0.1:{port}"  # the fixed --port
+    assert f"key prefix: {cluster.prefix}" in dev.output()  # printed, not random
     async with CoordinatorClient([url]) as client:
 
         async def two_members() -> bool:

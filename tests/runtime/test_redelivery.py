@@ -104,8 +104,49 @@ async def test_a_replayed_message_that_fails_again_is_dead_lettered_again(
         assert again[b"reason"] == b"max_attempts"
         assert seen_a == []
         shard = ShardId.parse(result.shard)
+        # Of the two members, the one that handled it owns the shard (fenced read).
+        fence = (await redis.get(keyspace.fence(shard, "ga"))).decode()
+        assert fence.split(":", 1)[1] == again[b"member"].decode()
         await wait_for(lambda: _xlen(redis, keyspace.redelivery(shard, "ga"), 0), 10, "the XDEL")
 
 
 async def _xlen(redis: Any, key: str, n: int) -> bool:
     return bool(await redis.xlen(key) == n)
+
+
+async def test_replay_of_a_message_from_a_retired_shard_follows_its_key(
+    settings: Settings, redis: Any, streamworks_redis_url: str
+) -> None:
+    """The origin shard was scaled in: the dead letter goes, by its key and the current
+    routing, to the live shard that key now routes to (never a raw add to the stream)."""
+    broken = {5}
+    app_a, _, seen_a, _ = two_groups(broken)
+    keyspace = Keyspace(settings.key_prefix)
+    async with TestRuntime(
+        app_a, workers=1, redis_url=streamworks_redis_url, key_prefix=settings.key_prefix
+    ) as rt:
+        # A key that routes to shard 1 of 2 (and so to shard 0 once there is one shard).
+        key = next(k for k in (f"key{i}" for i in range(100)) if _shard_of(rt, k) == 1)
+        await app_a.publish("orders", {"n": 5}, key=key)
+        dlq_key = keyspace.dead_letters("ga", "orders")
+        await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the dead letter")
+        [(_, fields)] = await redis.xrange(dlq_key)
+        assert fields[b"shard"] == b"orders/1@0"
+        await rt.scale("orders", 1)
+        assert not await redis.exists(keyspace.stream(ShardId("orders", 1, 0)))
+        broken.clear()
+        assert rt.connection is not None
+        connection = rt.connection
+        result = await redeliver(
+            redis, connection.scripts, keyspace, connection.routing, "ga", "orders", fields
+        )
+        assert result.shard == "orders/0@0"
+        # Handled by shard 0's owner, as a message of shard 0 (its lane, its retries).
+        await wait_for(lambda: (5, "orders/0@0", 1) in seen_a, 10, "ga to handle it")
+        assert not await redis.exists(keyspace.redelivery(ShardId("orders", 1, 0), "ga"))
+
+
+def _shard_of(rt: TestRuntime, key: str) -> int:
+    from streamworks.runtime.routing import jump_hash, key_hash
+
+    return jump_hash(key_hash(key), 2)

@@ -51,7 +51,9 @@ DEFAULT_PORT = 7400
 )
 @click.option("--key-prefix", help="key namespace [env STREAMWORKS_KEY_PREFIX; default sw]")
 @click.option(
-    "--reload", is_flag=True, help="restart the app when a .py file under the cwd changes"
+    "--reload",
+    is_flag=True,
+    help="restart the app when a .py file under the cwd or the app's directory changes",
 )
 @click.option("--redis-url", "use_redis", hidden=True)  # --reload hands its Redis down
 @logging_options("WARNING")

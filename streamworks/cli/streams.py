@@ -161,6 +161,8 @@ async def _follow(client: Any, name: str, timeout: float | None) -> None:
 def _progress_line(stream: Any, draining: list[Any]) -> str:
     """The migration's state in a line that changes only when something happens
     (the fence countdown in 5 s steps)."""
+    if not draining:
+        return "drained: no shard left to retire"
     migration = stream.migration or {}
     phase = migration.get("phase", "NONE")
     if phase == "FENCING":

@@ -80,21 +80,23 @@ def dev(
     settings = make_settings(**({"key_prefix": key_prefix} if key_prefix else {}))
     if use_redis is not None:
         check_redis_url(use_redis)
-    # Always a private server: never a Redis named by the environment (such as
-    # STREAMWORKS_TEST_REDIS_URL, which TestRuntime would otherwise pick up).
+    app = None if reload else load_app(target)  # a broken app fails before Redis starts
     server: EmbeddedRedis | None = None
-    if use_redis is None:
+    if use_redis is not None:
+        redis_url = use_redis  # --reload's supervisor started it
+    else:
+        # Always a private server: never a Redis named by the environment (such as
+        # STREAMWORKS_TEST_REDIS_URL, which TestRuntime would otherwise pick up).
         try:
             server = EmbeddedRedis().start()
         except (OSError, RuntimeError) as e:
             fail(f"cannot start an embedded Redis: {e}")
-    assert server is not None or use_redis is not None
-    redis_url = use_redis or server.url  # type: ignore[union-attr]
+            raise  # unreachable
+        redis_url = server.url
     try:
-        if reload:
+        if app is None:
             _supervise(target, workers, port, settings.key_prefix, redis_url, log_level, log_format)
             return
-        app = load_app(target)
         console.print(
             f"starting {'an embedded Redis, ' if server else ''}a coordinator and {workers} "
             f"workers of {app.name!r}"

@@ -33,7 +33,7 @@ from streamworks.cli.common import (
 )
 from streamworks.cli.output import echo_json, make_console, stdin_is_terminal
 from streamworks.coordinator.routing import LeasedRouting
-from streamworks.exceptions import ConfigurationError
+from streamworks.exceptions import ConfigurationError, StreamworksError
 from streamworks.protocol.shards import validate_name
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
@@ -427,6 +427,11 @@ def replay(
                             if not as_json:
                                 console.print(f"[yellow]kept {dlq_id}: {e}")
                             continue
+                        except StreamworksError as e:  # no routing, Redis down, ...
+                            fail(
+                                f"{e}; {len(replayed)} replayed before {dlq_id} (removed from "
+                                "the DLQ), the rest are still in it"
+                            )
                         await redis.xdel(key, entry_id)
                         replayed.append(
                             {"id": dlq_id, "shard": done.shard, "redelivery_id": done.entry_id}

@@ -6,13 +6,27 @@ on every command, ``--dry-run``, confirmation, and unknown groups or streams as 
 
 from __future__ import annotations
 
+import os
+import re
+import select
+import subprocess
+import sys
 import time
 from typing import Any
 
+import anyio.to_thread
 import orjson
 
 from streamworks.redis.keyspace import Keyspace
-from tests.e2e.harness import GROUP, STREAM, Cluster, create_stream, wait_ready, wait_stable
+from tests.e2e.harness import (
+    GROUP,
+    REPO,
+    STREAM,
+    Cluster,
+    create_stream,
+    wait_ready,
+    wait_stable,
+)
 from tests.e2e.test_cli import assert_one_error_line, text
 
 NARROW = {"COLUMNS": "80"}  # an explicit width still wins...
@@ -118,3 +132,57 @@ async def test_dlq_selection_json_dry_run_and_confirmation(cluster: Cluster, red
     assert not await redis.exists(key)
     empty = await cluster.cli("dlq", "ls")
     assert empty.returncode == 0 and "no dead letters" in text(empty)[0], text(empty)
+
+
+def run_in_terminal(cluster: Cluster, args: list[str], answer: bytes) -> tuple[int, str]:
+    """Run a command on a pseudo-terminal, answer its prompt; (exit code, output)."""
+    primary, secondary = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamworks", *args],
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        env=cluster.env({"COLUMNS": "200"}),
+        cwd=REPO,
+    )
+    os.close(secondary)
+    output = b""
+    deadline = time.monotonic() + 30
+    answered = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([primary], [], [], 0.1)
+            if ready:
+                try:
+                    chunk = os.read(primary, 4096)
+                except OSError:  # the terminal closed: the process exited
+                    break
+                if not chunk:
+                    break
+                output += chunk
+                if not answered and b"[y/N]" in output:
+                    os.write(primary, answer)
+                    answered = True
+            elif proc.poll() is not None:
+                break
+        code = proc.wait(10)
+    finally:
+        os.close(primary)
+        if proc.poll() is None:
+            proc.kill()
+    return code, re.sub(r"\x1b\[[0-9;]*m", "", output.decode(errors="replace"))
+
+
+async def test_delete_and_purge_ask_on_a_terminal(cluster: Cluster, redis: Any) -> None:
+    key = Keyspace(cluster.prefix).dead_letters(GROUP, STREAM)
+    await redis.xadd(key, {"reason": "poison", "error": "DecodeError: x", "o.v": b"x"})
+    code, out = await anyio.to_thread.run_sync(
+        run_in_terminal, cluster, ["dlq", "purge", GROUP, STREAM], b"n\n"
+    )
+    assert code != 0 and "delete every dead letter" in out and "aborted" in out, out
+    assert await redis.xlen(key) == 1
+    code, out = await anyio.to_thread.run_sync(
+        run_in_terminal, cluster, ["dlq", "purge", GROUP, STREAM], b"y\n"
+    )
+    assert code == 0 and "purged 1 dead letters" in out, out
+    assert not await redis.exists(key)

@@ -142,8 +142,9 @@ async def test_streams_and_status_against_a_live_coordinator(cluster: Cluster) -
 
 async def test_dlq_ls_show_replay_purge(cluster: Cluster, redis: Any) -> None:
     """A handler that keeps failing dead-letters its events after ``max_attempts``;
-    ``dlq ls`` and ``show`` list them, ``replay`` re-publishes one through routing
-    (a new entry, handled once it can succeed) and ``purge`` drops the rest."""
+    ``dlq ls`` and ``show`` list them, ``replay`` hands one back to the group through
+    its redelivery stream of the key's shard (a new entry, handled once it can
+    succeed) and ``purge`` drops the rest."""
     coordinator = cluster.start_coordinator()
     await wait_ready(coordinator)
     await create_stream(cluster)
@@ -184,7 +185,7 @@ async def test_dlq_ls_show_replay_purge(cluster: Cluster, redis: Any) -> None:
 
         await wait_until(handled, 15, f"{healed} handled after the replay")
         (done,) = [p for p in await processings(redis, cluster.prefix) if p.end is not None]
-        # Re-published through routing: a new entry, on the shard its key routes to.
+        # Redelivered through routing: a new entry, on the shard its key routes to.
         assert done.entry != first[b"entry_id"].decode()
         assert done.shard == first[b"shard"].decode()
         assert done.attempt == 1

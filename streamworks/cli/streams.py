@@ -63,6 +63,8 @@ def ls(as_json: bool, **flags: Any) -> None:
         if as_json:
             click.echo(status.model_dump_json(by_alias=True, include={"streams"}))
             return
+        if not status.streams:
+            console.print(f"no streams yet at {', '.join(settings.coordinator_urls)}")
         for s in status.streams:
             states: dict[str, int] = {}
             for shard in s.shards:

@@ -18,6 +18,8 @@ async def test_status_and_scale_read_well(cluster: Cluster, redis: Any) -> None:
     empty = await cluster.cli("status")
     assert empty.returncode == 0, text(empty)
     assert f"no streams and no groups yet at {coordinator.url}" in text(empty)[0]
+    no_streams = await cluster.cli("streams", "ls")
+    assert no_streams.returncode == 0 and "no streams yet" in text(no_streams)[0]
 
     await create_stream(cluster)
     staying = cluster.start_worker("staying")

@@ -53,6 +53,7 @@ def _rules(role: Role, prefix: str) -> list[str]:
             f"(~{keys.shard_groups_pattern()} +smembers)",  # groups that must exist (trim.lua)
             dedup,  # idempotent publish from a handler
             f"(~{keys.dead_letters_pattern()} +xadd)",  # dead letters
+            f"(~{keys.redelivery_pattern()} +xdel)",  # replayed dead letters, once acked
             f"(~{keys.idempotency_pattern()} +set +get +del +pexpire)",  # idempotency store
         ]  # fmt: skip
     if role == "producer":

@@ -33,6 +33,7 @@ SCRIPT_NAMES = (
     "prune_consumers",
     "publish_dedup",
     "read",
+    "redeliver",
     "retire",
     "shard_create",
     "shard_groups",
@@ -60,6 +61,7 @@ class Scripts:
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
     read: AsyncScript
+    redeliver: AsyncScript
     retire: AsyncScript
     shard_create: AsyncScript
     shard_groups: AsyncScript

@@ -18,11 +18,13 @@ from streamworks.cli.common import (
     coordinator_options,
     fail,
     load_app,
+    logging_options,
     make_settings,
     redis_options,
     run_async,
     safe_url,
 )
+from streamworks.cli.logs import ContextFilter
 from streamworks.exceptions import NamespaceMismatchError
 from streamworks.redis.client import create_redis
 from streamworks.runtime.http import bind, open_worker_http
@@ -50,7 +52,7 @@ log = logging.getLogger("streamworks.cli")
 @click.option(
     "--no-http", is_flag=True, help="open no port  [env STREAMWORKS_WORKER__HTTP_ENABLED=false]"
 )
-@click.option("--log-level", default="INFO", show_default=True)
+@logging_options("INFO")
 def worker(
     target: str,
     concurrency: int | None,
@@ -58,6 +60,7 @@ def worker(
     http_host: str | None,
     no_http: bool,
     log_level: str,
+    log_format: str,
     **flags: Any,
 ) -> None:
     """Run one member of the app's group: read its shards, run its handlers.
@@ -66,8 +69,9 @@ def worker(
     SIGTERM or Ctrl-C stops gracefully (finish in-flight work, ack, leave the group);
     a second signal exits at once (unfinished work stays pending for the next owner).
     """
-    configure_logging(log_level)
+    context = configure_logging(log_level, log_format)
     app = load_app(target)
+    context.fields["group"] = app.name
     if not app.handlers:
         fail(f"{target} declares no handlers: nothing to consume")
     settings = make_settings(**flags)
@@ -82,10 +86,10 @@ def worker(
     if concurrency is not None:
         for spec in app.handlers.values():
             spec.concurrency = concurrency
-    run_async(_run)(app, settings)
+    run_async(_run)(app, settings, context)
 
 
-async def _run(app: App, settings: Settings) -> None:
+async def _run(app: App, settings: Settings, context: ContextFilter) -> None:
     redis = create_redis(settings)
     # Bound before joining: a taken port is one error line, not a member that joins
     # and leaves again.
@@ -96,7 +100,7 @@ async def _run(app: App, settings: Settings) -> None:
         except Exception as e:
             fail(f"cannot reach Redis at {safe_url(settings.redis_url)}: {e}")
         try:
-            await _serve(app, settings, redis, sock)
+            await _serve(app, settings, redis, sock, context)
         except* NamespaceMismatchError as group:
             # Raised inside the worker's task groups: one line, not a traceback.
             fail(str(_first(group)))
@@ -113,11 +117,14 @@ def _first(group: BaseExceptionGroup[Any]) -> BaseException:
     return error
 
 
-async def _serve(app: App, settings: Settings, redis: Any, sock: socket.socket | None) -> None:
+async def _serve(
+    app: App, settings: Settings, redis: Any, sock: socket.socket | None, context: ContextFilter
+) -> None:
     async with (
         open_worker(app, settings, redis=redis) as member,
         contextlib.AsyncExitStack() as serving,
     ):
+        context.fields["member"] = member.member_id
         where = "no HTTP endpoint (--no-http)"
         if sock is not None:
             url = await serving.enter_async_context(open_worker_http(member, sock))

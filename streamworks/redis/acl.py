@@ -51,8 +51,10 @@ def _rules(role: Role, prefix: str) -> list[str]:
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
             "+hget", "+hset", "+hdel",  # retry records
+            f"(~{keys.shard_groups_pattern()} +smembers)",  # groups that must exist (trim.lua)
             dedup,  # idempotent publish from a handler
             f"(~{keys.dead_letters_pattern()} +xadd)",  # dead letters
+            f"(~{keys.redelivery_pattern()} +xdel)",  # replayed dead letters, once acked
             f"(~{keys.idempotency_pattern()} +set +get +del +pexpire)",  # idempotency store
             f"(~{keys.namespace()} +get)",  # namespace identity check
         ]  # fmt: skip
@@ -70,10 +72,11 @@ def _rules(role: Role, prefix: str) -> list[str]:
         # control-plane metadata, mutexes, leases, registry
         "+hget", "+hgetall", "+hmget", "+hset", "+hdel", "+set", "+get", "+del",
         "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore",
-        "+sadd", "+smembers", "+sismember",
-        # shard provisioning, owner fences, positions, drain check and retirement
-        "+exists", "+xgroup|create", "+xgroup|destroy", "+xinfo|groups", "+xinfo|stream",
-        "+xlen",
+        "+sadd", "+srem", "+smembers", "+sismember",
+        # shard provisioning, owner fences, positions, drain check and retirement (with
+        # the lag repair of retire.lua: XGROUP SETID ... ENTRIESREAD)
+        "+exists", "+xgroup|create", "+xgroup|destroy", "+xgroup|setid", "+xinfo|groups",
+        "+xinfo|stream", "+xlen",
     ]  # fmt: skip
 
 

@@ -27,13 +27,16 @@ SCRIPT_NAMES = (
     "fence",
     "group_commit",
     "group_create",
+    "group_destroy",
     "lease_renew",
     "mutex_release",
     "prune_consumers",
     "publish_dedup",
     "read",
+    "redeliver",
     "retire",
     "shard_create",
+    "shard_groups",
     "stream_commit",
     "trim",
 )
@@ -52,13 +55,16 @@ class Scripts:
     fence: AsyncScript
     group_commit: AsyncScript
     group_create: AsyncScript
+    group_destroy: AsyncScript
     lease_renew: AsyncScript
     mutex_release: AsyncScript
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
     read: AsyncScript
+    redeliver: AsyncScript
     retire: AsyncScript
     shard_create: AsyncScript
+    shard_groups: AsyncScript
     stream_commit: AsyncScript
     trim: AsyncScript
 

@@ -31,6 +31,7 @@ from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencySt
 from streamworks.runtime.lease import Lease
 from streamworks.runtime.metrics import WorkerMetrics
 from streamworks.runtime.reader import ReaderState, ShardReader
+from streamworks.runtime.redelivery import Redelivery
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class Worker:
             for stream, spec in app.handlers.items()
         }
         self.readers: dict[ShardId, ShardReader] = {}
+        self.redelivery = Redelivery(self)  # dead letters replayed to this group only
         self.revoking: set[ShardId] = set()
         self.fenced: set[ShardId] = set()
         self.retired: set[ShardId] = set()
@@ -120,6 +122,7 @@ class Worker:
                 for runtime in self.handlers.values():
                     tg.start_soon(runtime.dispatcher.run)
                 tg.start_soon(self._trim_loop)
+                tg.start_soon(self.redelivery.run)
                 tg.start_soon(self._lease_watchdog)
                 await tg.start(self._run_assignment)
                 task_status.started()
@@ -246,6 +249,7 @@ class Worker:
 
     def reader_stopped(self, reader: ShardReader) -> None:
         """Called by a reader that stopped (drained, fenced, retired, ...)."""
+        self.redelivery.reader_stopped(reader)
         if reader.stop_reason == ReaderState.FENCED:
             self.fenced.add(reader.shard)
         elif reader.stop_reason == ReaderState.RETIRED:
@@ -311,7 +315,13 @@ class Worker:
                     # Entry ids are wall-clock milliseconds: older than the retention.
                     cap = f"{self.clock.time_ms() - int(spec.retention * 1000)}-0"
                 try:
-                    await self.scripts.trim(keys=[reader.stream_key], args=[cap])
+                    trimmed = await self.scripts.trim(
+                        keys=[reader.stream_key, self.keyspace.shard_groups(reader.shard)],
+                        args=[cap],
+                    )
+                    if int(trimmed) in (-3, -4):  # a group that must exist is missing
+                        reader.acked_since_trim = True  # try again next period
+                        log.debug("trim of %s refused (%d)", reader.shard, trimmed)
                 except RedisError as e:
                     log.warning("trim of %s failed: %s", reader.shard, e)
 

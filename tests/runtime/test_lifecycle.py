@@ -117,7 +117,7 @@ async def test_a_failing_lifespan_aborts_the_start(
 
     app = App("g", lifespan=lifespan)
     app.stream("orders", shards=1)
-    with pytest.raises(StartupError, match="lifespan .*failed: RuntimeError: cannot open"):
+    with pytest.raises(StartupError, match=r"lifespan .*failed: RuntimeError: cannot open"):
         async with streamworks_runtime(app):
             pass
 

@@ -13,7 +13,8 @@ dispatcher gives it a turn:
    dead-lettered (``crashed``) instead of looping forever;
 4. idempotency — with ``idempotency_key=``, a key already completed means a
    duplicate: ack without calling the handler (E23);
-5. the handler — async in place, sync in a worker thread; ``Skip`` acks;
+5. the handler — async in place, sync in a worker thread, inside the app's
+   middleware if it has any (``streamworks/middleware.py``); ``Skip`` acks;
    ``Retry``, any exception (even ``SystemExit`` or a ``CancelledError`` the handler
    raised itself) and timeouts count as failed attempts — a handler cannot take the
    worker down;

@@ -4,6 +4,7 @@ one trace, parent and child, with the messaging attributes; errors on the span."
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -137,6 +138,7 @@ async def test_what_a_handler_publishes_is_a_child_of_its_span(
     app = App("billing", middleware=[tracing])
     app.stream("orders", shards=2)
     app.stream("receipts", shards=2)
+    app.stream("archive", shards=1)
 
     @app.handler("orders")
     async def charge(order: dict[str, Any], ctx: Context) -> None:
@@ -144,7 +146,12 @@ async def test_what_a_handler_publishes_is_a_child_of_its_span(
 
     @app.handler("receipts")
     def mail(receipt: dict[str, Any], ctx: Context) -> None:
-        pass  # a sync handler: its span is opened on the loop all the same
+        # A sync handler (its span is opened on the loop) publishing from its thread.
+        ctx.publish_sync("archive", receipt)
+
+    @app.handler("archive")
+    async def archive(receipt: dict[str, Any]) -> None:
+        pass
 
     async with streamworks_runtime(app) as rt:
         await app.publish_many("orders", [])  # an empty batch is still one call
@@ -156,14 +163,14 @@ async def test_what_a_handler_publishes_is_a_child_of_its_span(
     [process] = by_name(spans, "process orders")
     [republish] = by_name(spans, "publish receipts")
     [mailed] = by_name(spans, "process receipts")
-    assert publish.context is not None and process.context is not None
-    assert republish.context is not None
-    assert parent_id(process) == publish.context.span_id
-    assert parent_id(republish) == process.context.span_id
-    assert parent_id(mailed) == republish.context.span_id
-    assert {s.context.trace_id for s in (publish, process, republish, mailed) if s.context} == {
-        publish.context.trace_id
-    }
+    [archived] = by_name(spans, "publish archive")
+    [stored] = by_name(spans, "process archive")
+    chain = [publish, process, republish, mailed, archived, stored]
+    for parent, child in itertools.pairwise(chain):
+        assert parent.context is not None
+        assert parent_id(child) == parent.context.span_id, (parent.name, child.name)
+    assert publish.context is not None
+    assert {s.context.trace_id for s in chain if s.context} == {publish.context.trace_id}
 
 
 def test_import_without_opentelemetry_says_which_extra_to_install() -> None:

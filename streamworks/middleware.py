@@ -39,6 +39,7 @@ without this module.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,9 @@ class Middleware:
         """After ``message`` was written to the dead-letter stream (then it is acked)."""
 
 
+_HOOKS = ("handle", "publish", "dead_lettered")
+
+
 def _overrides(middleware: Middleware, hook: str) -> bool:
     return getattr(type(middleware), hook, None) is not getattr(Middleware, hook)
 
@@ -94,6 +98,12 @@ def check_middleware(middleware: Sequence[Any]) -> Sequence[Middleware]:
             raise ConfigurationError(
                 f"middleware must be streamworks.Middleware instances, not {item!r}"
             )
+        for hook in _HOOKS:
+            # A plain `def` hook would fail every message at run time: refuse it now.
+            if _overrides(item, hook) and not inspect.iscoroutinefunction(getattr(item, hook)):
+                raise ConfigurationError(
+                    f"{type(item).__name__}.{hook} must be an `async def` method"
+                )
     return middleware
 
 

@@ -314,3 +314,13 @@ def test_middleware_must_be_middleware_instances() -> None:
         App("g", middleware=[object()])  # type: ignore[list-item]
     with pytest.raises(ConfigurationError, match="Middleware instances"):
         App("g", middleware=[Stamp])  # type: ignore[list-item]
+
+
+class SyncHook(Middleware):
+    def handle(self, ctx: Context, call_next: HandleNext) -> None:  # type: ignore[override]
+        pass
+
+
+def test_hooks_must_be_async() -> None:
+    with pytest.raises(ConfigurationError, match=r"SyncHook.handle must be an `async def`"):
+        App("g", middleware=[SyncHook()])

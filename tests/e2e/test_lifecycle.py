@@ -73,3 +73,11 @@ async def test_a_failing_startup_hook_is_one_error_line_and_no_member_joins(
     group = await group_info(cluster)
     assert group is None or group.members == []
     assert await events(redis, cluster.prefix) == []
+
+
+async def test_dev_reports_a_failing_startup_hook_in_one_line(cluster: Cluster) -> None:
+    """``streamworks dev`` runs the hooks too (through its TestRuntime)."""
+    result = await cluster.cli(
+        "dev", TARGET, "--workers", "1", env={"LIFECYCLE_FAIL_STARTUP": "1"}, timeout=60
+    )
+    assert_one_error_line(result, "startup hook", "the payments database is down")

@@ -13,7 +13,8 @@ dispatcher gives it a turn:
    dead-lettered (``crashed``) instead of looping forever;
 4. idempotency — with ``idempotency_key=``, a key already completed means a
    duplicate: ack without calling the handler (E23);
-5. the handler — async in place, sync in a worker thread; ``Skip`` acks;
+5. the handler — async in place, sync in a worker thread, inside the app's
+   middleware if it has any (``streamworks/middleware.py``); ``Skip`` acks;
    ``Retry``, any exception (even ``SystemExit`` or a ``CancelledError`` the handler
    raised itself) and timeouts count as failed attempts — a handler cannot take the
    worker down;
@@ -36,6 +37,7 @@ import anyio
 from redis.exceptions import RedisError
 
 from streamworks.exceptions import DecodeError, Retry, Skip
+from streamworks.middleware import HandlingChain
 from streamworks.runtime.dispatcher import Dispatcher, Outcome
 from streamworks.runtime.failures import TracebackLog, traceback_text
 from streamworks.runtime.handler import HandlerSpec, bind_arguments
@@ -125,8 +127,11 @@ class HandlerRuntime:
         self.idempotency = idempotency
         self.statistics = HandlerStatistics()
         self.dead_letter_key = worker.keyspace.dead_letters(worker.group, spec.stream)
+        # The app's middleware around this handler (None without any: the plain path).
+        self._middleware = HandlingChain.build(self.app.middleware, self._call)
         simple = (
-            self.plan.is_async
+            self._middleware is None
+            and self.plan.is_async
             and spec.timeout is None
             and spec.idempotency_key is None
             and not self.plan.wants_context
@@ -220,7 +225,7 @@ class HandlerRuntime:
             except DecodeError as e:
                 return await self._dead_letter(message, "poison", str(e))
         context: Context | None = None
-        if plan.wants_context or self.spec.idempotency_key is not None:
+        if plan.wants_context or self.spec.idempotency_key is not None or self._middleware:
             context = Context(self.app, message, self._logger, self.worker.member_id)
         idem_key: str | None = None
         if self.spec.idempotency_key is not None:
@@ -240,7 +245,11 @@ class HandlerRuntime:
         try:
             started = _perf_counter()
             try:
-                await self._call(value, message, context)
+                if self._middleware is None:
+                    await self._call(value, message, context)
+                else:
+                    assert context is not None
+                    await self._middleware.run(context, value)
             finally:
                 self._duration.observe(_perf_counter() - started)
         except Skip:
@@ -446,6 +455,8 @@ class HandlerRuntime:
             log.warning("dead-letter write of %s failed (%s); will retry", message.id, e)
             return self._clock.monotonic() + _INFRA_RETRY
         self.statistics.dead_lettered += 1
+        if self._middleware is not None:
+            await self._middleware.dead_lettered(message, reason, text)
         if reason == "poison":
             self.statistics.poison += 1
         log.warning(

@@ -231,7 +231,7 @@ class _WorkerCollector(Collector):
         yield running
         duration = HistogramMetricFamily(
             "streamworks_handler_duration_seconds",
-            "Time of one handler run (any outcome)",
+            "Time of one handler run, its middleware included (any outcome)",
             labels=_HANDLER_LABELS,
         )
         for stream, _ in runtimes:

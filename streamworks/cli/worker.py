@@ -22,6 +22,7 @@ from streamworks.cli.common import (
     safe_url,
 )
 from streamworks.redis.client import create_redis
+from streamworks.runtime.deadlines import lease_misfit
 from streamworks.runtime.process import open_worker
 from streamworks.settings import Settings
 
@@ -45,6 +46,9 @@ def worker(target: str, concurrency: int | None, log_level: str, **flags: Any) -
     if not app.handlers:
         fail(f"{target} declares no handlers: nothing to consume")
     settings = make_settings(**flags)
+    misfit = lease_misfit(settings)
+    if misfit is not None:
+        fail(f"invalid STREAMWORKS_* setting: {misfit}")
     if concurrency is not None:
         for spec in app.handlers.values():
             spec.concurrency = concurrency

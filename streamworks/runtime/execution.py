@@ -39,6 +39,7 @@ from streamworks.exceptions import DecodeError, Retry, Skip
 from streamworks.runtime.dispatcher import Dispatcher, Outcome
 from streamworks.runtime.handler import HandlerSpec, bind_arguments
 from streamworks.runtime.message import Context, Message
+from streamworks.runtime.ownership import RunCancelled
 
 if TYPE_CHECKING:
     from streamworks.app import App
@@ -140,6 +141,7 @@ class HandlerRuntime:
         self._limiter = anyio.CapacityLimiter(spec.concurrency)
         self._claim_ttl = worker.settings.worker.idempotency_claim_ttl
         self._lease = worker.lease
+        self._runs = worker.runs
         self._logger = logging.LoggerAdapter(
             logging.getLogger("streamworks.app"), {"group": worker.group, "stream": spec.stream}
         )
@@ -173,10 +175,14 @@ class HandlerRuntime:
             except DecodeError as e:
                 return await self._dead_letter(message, "poison", str(e))
         try:
-            result = await self._invoke(value, message)
+            with self._runs.run(message.shard):
+                result = await self._invoke(value, message)
             if result is not None and inspect.isawaitable(result):
                 _discard(result)
                 raise TypeError("the handler returned an awaitable it did not await")
+        except RunCancelled:
+            self._dropped(message)  # ownership ended: it stays pending for the next owner
+            return None
         except Skip:
             self.statistics.skipped += 1
         except Retry as signal:
@@ -227,7 +233,12 @@ class HandlerRuntime:
                 if outcome is not _CLAIMED:
                     return outcome  # type: ignore[return-value]
         try:
-            await self._call(value, message, context)
+            with self._runs.run(message.shard):
+                await self._call(value, message, context)
+        except RunCancelled:
+            await self._release(idem_key)
+            self._dropped(message)  # ownership ended: it stays pending for the next owner
+            return None
         except Skip:
             self.statistics.skipped += 1
         except Retry as signal:
@@ -264,7 +275,8 @@ class HandlerRuntime:
                     _discard(result)
                     raise TypeError("the handler returned an awaitable it did not await")
                 return
-            call = functools.partial(fn, *args)
+            # Counted as a run while the thread runs it, even once abandoned.
+            call = self._runs.in_thread(message.shard, functools.partial(fn, *args))
             with anyio.fail_after(timeout) if timeout is not None else _NO_TIMEOUT:
                 # A thread cannot be cancelled: after a timeout it is abandoned (it may
                 # still finish later) and the attempt counts as failed.

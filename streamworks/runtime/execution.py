@@ -233,7 +233,7 @@ class HandlerRuntime:
                 if outcome is not _CLAIMED:
                     return outcome  # type: ignore[return-value]
         try:
-            with self._runs.run(message.shard):
+            with self._runs.run(message.shard, cancellable=self.plan.is_async):
                 await self._call(value, message, context)
         except RunCancelled:
             await self._release(idem_key)

@@ -67,6 +67,7 @@ class Runs:
     def __init__(self, may_start: Callable[[], bool] = lambda: True) -> None:
         self._may_start = may_start
         self._scopes: dict[str, set[anyio.CancelScope]] = {}
+        self._uncancellable: set[anyio.CancelScope] = set()  # awaiting a sync run
         self._threads: Counter[str] = Counter()
         self._lock = threading.Lock()  # guards _threads (threads end runs)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -77,11 +78,20 @@ class Runs:
         with self._lock:
             threads = dict(self._threads)
         names = (set(self._scopes) | set(threads)) if shards is None else shards
-        return sum(len(self._scopes.get(s, ())) + threads.get(s, 0) for s in names)
+        total = 0
+        for name in names:
+            scopes = self._scopes.get(name, ())
+            awaiting_sync = sum(1 for scope in scopes if scope in self._uncancellable)
+            # A sync run is its awaiting task and its thread: count it once, and count
+            # the threads whose task stopped waiting (abandoned after a timeout) too.
+            total += len(scopes) - awaiting_sync + max(awaiting_sync, threads.get(name, 0))
+        return total
 
     @contextlib.contextmanager
-    def run(self, shard: str) -> Iterator[None]:
-        """Around one handler call in the event loop.
+    def run(self, shard: str, *, cancellable: bool = True) -> Iterator[None]:
+        """Around one handler call in the event loop (``cancellable``: an async
+        handler; a sync one runs in a thread that cannot be stopped, so cancelling
+        its awaiting task would only lose its outcome).
 
         Raises:
             RunCancelled: the run may not start (the lease ran out meanwhile), or it
@@ -94,6 +104,8 @@ class Runs:
         scope = anyio.CancelScope()
         scopes = self._scopes.setdefault(shard, set())
         scopes.add(scope)
+        if not cancellable:
+            self._uncancellable.add(scope)
         try:
             with scope:
                 yield
@@ -103,6 +115,7 @@ class Runs:
             raise
         finally:
             scopes.discard(scope)
+            self._uncancellable.discard(scope)
             if not scopes and self._scopes.get(shard) is scopes:
                 del self._scopes[shard]
             self._notify()
@@ -136,7 +149,7 @@ class Runs:
         cancelled = 0
         for name in names:
             for scope in list(self._scopes.get(name, ())):
-                if not scope.cancel_called:
+                if not scope.cancel_called and scope not in self._uncancellable:
                     scope.cancel()
                     cancelled += 1
         return cancelled

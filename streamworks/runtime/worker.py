@@ -171,6 +171,8 @@ class Worker:
             self.runs.cancel()
             log.warning("shutdown: waiting for %d handler runs to end", self.runs.count())
             await self.runs.wait_ended()
+            with anyio.move_on_after(timeout or 1, shield=True):
+                await self.acker.flush_now()  # what the runs that ended since settled
         with anyio.move_on_after(5, shield=True):
             await self.assignment.leave(self)
         log.info("worker %s stopped", self.member_id)

@@ -58,6 +58,11 @@ class Lease:
         """Whether new runs may start now."""
         return self.clock.monotonic() < self._deadlines.start_until
 
+    def held(self) -> bool:
+        """Whether the lease has not expired yet (the coordinator cannot have moved the
+        shards): a run ending now may still settle its message."""
+        return self.clock.monotonic() < self._deadlines.expires_at
+
     def remaining(self) -> float:
         """Seconds until the start-work deadline (negative once passed)."""
         return self._deadlines.start_until - self.clock.monotonic()

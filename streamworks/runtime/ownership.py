@@ -49,6 +49,10 @@ T = TypeVar("T")
 #: lease it was started under (EX_TEMPFAIL: a supervisor restarts it).
 FAIL_STOP_EXIT_CODE = 75
 
+#: How long async runs cancelled past the fail-stop point (after a pause) get to
+#: unwind before the fail-stop (seconds).
+UNWIND = 0.25
+
 
 class RunCancelled(Exception):
     """A run was cancelled (or refused to start) because its shard's ownership ended:
@@ -62,10 +66,18 @@ class Runs:
         may_start: whether a new run may start now (the lease's start-work deadline
             has not passed); checked as each run begins, after any awaiting the
             processing path did since it last looked.
+        may_settle: whether a run that ends now may still settle its message (the
+            lease has not expired: e.g. a run of a process paused past its lease by
+            SIGSTOP does not ack; the shard's next owner runs the message again).
     """
 
-    def __init__(self, may_start: Callable[[], bool] = lambda: True) -> None:
+    def __init__(
+        self,
+        may_start: Callable[[], bool] = lambda: True,
+        may_settle: Callable[[], bool] = lambda: True,
+    ) -> None:
         self._may_start = may_start
+        self._may_settle = may_settle
         self._scopes: dict[str, set[anyio.CancelScope]] = {}
         self._uncancellable: set[anyio.CancelScope] = set()  # awaiting a sync run
         self._threads: Counter[str] = Counter()
@@ -95,8 +107,9 @@ class Runs:
 
         Raises:
             RunCancelled: the run may not start (the lease ran out meanwhile), or it
-                was cancelled through :meth:`cancel`, or it failed after that: either
-                way its outcome is not this member's to settle.
+                was cancelled through :meth:`cancel` (and returned or failed after
+                that), or it ended after the lease expired: its outcome is not this
+                member's to settle.
         """
         if not self._may_start():
             raise RunCancelled(f"{shard}: the lease ran out before the run started")
@@ -123,6 +136,8 @@ class Runs:
             # The handler returned although it was cancelled (it swallowed the
             # cancellation): whatever it did, the entry is no longer ours to ack.
             raise RunCancelled(f"{shard}: cancelled, ownership ended")
+        if not self._may_settle():
+            raise RunCancelled(f"{shard}: the run ended after the lease expired")
 
     def in_thread(self, shard: str, fn: Callable[[], T]) -> Callable[[], T]:
         """``fn`` wrapped so the run counts while the worker thread runs it, even if
@@ -193,11 +208,13 @@ async def watch_lease(worker: Worker) -> None:
     clock = worker.clock
     paused = False
     stopped: object = None  # the deadlines a fail-stop was carried out for
+    cancelled_at: float | None = None  # when runs were first cancelled on this lease
     while True:
         deadlines = lease.deadlines
         now = clock.monotonic()
         if now < deadlines.start_until:
             paused = False
+            cancelled_at = None
             await _wait(lease, None, deadlines.start_until - now)
             continue
         if not paused:
@@ -220,8 +237,15 @@ async def watch_lease(worker: Worker) -> None:
             cancelled = runs.cancel()
             if cancelled:
                 log.warning("lease ending: cancelled %d running handlers", cancelled)
+                cancelled_at = now if cancelled_at is None else cancelled_at
         if now < deadlines.fail_stop_at:
             await _wait(lease, runs if runs.count() else None, deadlines.fail_stop_at - now)
+            continue
+        if cancelled_at is not None and now < cancelled_at + UNWIND and runs.count():
+            # Cancelled only just now, past the fail-stop point (the process was paused
+            # across its deadlines): async runs end at their next await; give them that
+            # moment rather than exit. A run that cannot be cancelled still fail-stops.
+            await _wait(lease, runs, cancelled_at + UNWIND - now)
             continue
         going = runs.count()
         if going and stopped is not deadlines:

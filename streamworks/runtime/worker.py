@@ -83,7 +83,7 @@ class Worker:
             drift=self.settings.worker.lease_drift,
         )
         # Every handler run, so none outlives the lease (ownership.py).
-        self.runs = Runs(self.lease.valid)
+        self.runs = Runs(self.lease.valid, self.lease.held)
         #: Called when a run outlives its lease's fail-stop point; exits the process.
         self.fail_stop: Callable[[str], None] = exit_process
         self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)

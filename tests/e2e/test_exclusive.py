@@ -227,6 +227,7 @@ def owned_by(info: GroupInfo, proc: Proc) -> list[str]:
     return sorted(member.assigned)
 
 
+@pytest.mark.seed("E1")
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 async def test_cut_off_from_the_coordinator_runs_end_before_the_lease(
     cluster: Cluster, redis: Any, hub: ProxyHub, sync: bool
@@ -268,6 +269,8 @@ async def test_cut_off_from_the_coordinator_runs_end_before_the_lease(
             assert_exclusive(await jobs.wait_done())
 
 
+@pytest.mark.seed("E6")
+@pytest.mark.seed("E8")
 @pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
 async def test_fenced_at_the_revocation_timeout_runs_end_before_the_shard_moves(
     cluster: Cluster, redis: Any, sync: bool
@@ -328,6 +331,19 @@ async def test_graceful_leave_waits_for_a_running_sync_handler(
         runs = await jobs.wait_done()
         assert any(r.pid == b.pid and r.shard == shard for r in runs)
         assert_exclusive(runs)
+
+
+async def test_a_worker_whose_grace_does_not_fit_its_lease_refuses_to_start(
+    cluster: Cluster,
+) -> None:
+    result = await cluster.cli(
+        "worker", TARGET, env={"STREAMWORKS_LEASE_TTL": "2", "STREAMWORKS_WORKER__LEASE_GRACE": "2"}
+    )
+    err = result.stderr.decode(errors="replace")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert result.returncode == 1, err
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert "lease_grace" in lines[0] and "lease_ttl" in lines[0], lines[0]
 
 
 def _logged(proc: Proc, text: str) -> Any:

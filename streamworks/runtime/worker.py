@@ -7,7 +7,10 @@ per owned shard, one dispatcher per handler, one acker and one trimmer, all in o
 anyio task group, and keeps reading only while its lease is valid.
 
 Shutdown is graceful: stop reading, let in-flight messages finish within
-``shutdown_timeout``, flush acks, then leave the group so the shards move at once.
+``shutdown_timeout``, flush acks, then leave the group so the shards move at once —
+but only once every handler run has ended (async ones are cancelled after the
+timeout; a sync one still running is waited for under the last lease, and one that
+outlives it fail-stops the process without a leave: ``ownership.py``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from streamworks.settings import Settings
 
-__all__ = ("Deadlines", "effective_grace", "lease_misfit")
+__all__ = ("DEFAULT_GRACE", "Deadlines", "effective_grace", "lease_misfit")
+
+#: ``worker.lease_grace`` when not set, if it fits the lease (else half the room).
+DEFAULT_GRACE = 5.0
 
 log = logging.getLogger("streamworks.worker")
 
@@ -58,7 +61,7 @@ class Deadlines:
 
     @classmethod
     def after_heartbeat(
-        cls, sent: float, ttl: float, *, margin: float, grace: float, drift: float
+        cls, sent: float, ttl: float, *, margin: float, grace: float | None, drift: float
     ) -> Deadlines:
         """The deadlines of a lease of ``ttl`` seconds renewed by a heartbeat sent at
         ``sent``; ``grace`` is cut down if it does not fit (see :func:`effective_grace`)."""
@@ -73,12 +76,12 @@ class Deadlines:
         )
 
     @classmethod
-    def fixed(cls, deadline: float, grace: float) -> Deadlines:
+    def fixed(cls, deadline: float, grace: float | None) -> Deadlines:
         """A lease set by hand (a static assignment, a test): start work until
         ``deadline``, cancel ``grace`` later; no coordinator expiry, so no fail-stop."""
         return cls(
             start_until=deadline,
-            cancel_at=deadline + grace,
+            cancel_at=deadline + (DEFAULT_GRACE if grace is None else grace),
             fail_stop_at=math.inf,
             expires_at=math.inf,
         )
@@ -99,14 +102,18 @@ class Deadlines:
 _warned: set[tuple[float, float, float, float]] = set()
 
 
-def effective_grace(ttl: float, *, margin: float, grace: float, drift: float) -> float:
-    """``grace``, or half of what is left of the lease after the margin when ``grace``
-    does not fit in it (the coordinator's lease is shorter than this worker's settings
-    expect); logged once per combination."""
+def effective_grace(ttl: float, *, margin: float, grace: float | None, drift: float) -> float:
+    """``grace`` (None: :data:`DEFAULT_GRACE`), or half of what is left of the lease
+    after the margin when it does not fit in it; a set grace cut down that way (the
+    coordinator's lease is shorter than this worker's settings expect) is logged once
+    per combination."""
     room = ttl * (1.0 - drift) - margin
-    if grace < room:
-        return grace
+    wanted = DEFAULT_GRACE if grace is None else grace
+    if wanted < room:
+        return wanted
     fitted = max(0.0, room / 2)
+    if grace is None:
+        return fitted
     key = (ttl, margin, grace, drift)
     if key not in _warned:
         _warned.add(key)
@@ -122,13 +129,19 @@ def effective_grace(ttl: float, *, margin: float, grace: float, drift: float) ->
 
 def lease_misfit(settings: Settings) -> str | None:
     """Why a worker with ``settings`` could not keep every run inside its lease, or
-    None: ``worker.lease_grace`` plus the margin (one heartbeat interval) must be
-    below ``lease_ttl * (1 - worker.lease_drift)``."""
+    None: a set ``worker.lease_grace`` plus the margin (one heartbeat interval) must
+    be below ``lease_ttl * (1 - worker.lease_drift)`` (an unset one adapts)."""
+    grace = settings.worker.lease_grace
     room = settings.lease_ttl * (1.0 - settings.worker.lease_drift)
-    if settings.worker.lease_grace + settings.heartbeat_interval < room:
+    if settings.heartbeat_interval >= room:
+        return (
+            f"heartbeat_interval ({settings.heartbeat_interval:g}s) must be below lease_ttl x "
+            f"(1 - worker.lease_drift) ({room:g}s)"
+        )
+    if grace is None or grace + settings.heartbeat_interval < room:
         return None
     return (
-        f"worker.lease_grace ({settings.worker.lease_grace:g}s) + heartbeat_interval "
+        f"worker.lease_grace ({grace:g}s) + heartbeat_interval "
         f"({settings.heartbeat_interval:g}s) must be below lease_ttl x (1 - "
         f"worker.lease_drift) ({room:g}s): handlers could outlive the lease"
     )

@@ -23,7 +23,8 @@ class Lease:
         deadline: the initial start-work deadline (0: not valid until renewed).
         clock: the monotonic clock the deadlines are on.
         grace: ``worker.lease_grace``: how long before the cancel point no new run
-            starts (and how long a hand-set lease lets runs go on past its deadline).
+            starts (and how long a hand-set lease lets runs go on past its deadline);
+            None: ``deadlines.DEFAULT_GRACE`` where it fits.
         drift: ``worker.lease_drift``: the clock-rate difference allowed for.
     """
 
@@ -32,7 +33,7 @@ class Lease:
         deadline: float = 0.0,
         clock: Clock | None = None,
         *,
-        grace: float = 5.0,
+        grace: float | None = None,
         drift: float = 0.01,
     ) -> None:
         self.clock = clock or Clock()

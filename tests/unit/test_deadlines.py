@@ -27,6 +27,12 @@ def test_a_grace_that_does_not_fit_the_granted_lease_is_cut_to_half_the_room() -
     assert 0.0 < d.start_until < d.cancel_at < d.fail_stop_at < d.expires_at
 
 
+def test_an_unset_grace_is_five_seconds_where_it_fits_else_half_the_room() -> None:
+    assert effective_grace(10.0, margin=1.0, grace=None, drift=0.01) == 5.0
+    assert effective_grace(2.0, margin=0.2, grace=None, drift=0.01) == pytest.approx(0.89)
+    assert lease_misfit(Settings(lease_ttl=2.0, heartbeat_interval=0.2)) is None
+
+
 def test_an_ended_lease_cancels_at_once_but_keeps_the_old_fail_stop_point() -> None:
     d = Deadlines.after_heartbeat(0.0, 10.0, margin=1.0, grace=5.0, drift=0.01)
     ended = d.ended(2.0)

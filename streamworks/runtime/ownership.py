@@ -84,6 +84,7 @@ class Runs:
         self._lock = threading.Lock()  # guards _threads (threads end runs)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
+        self._waiting = 0
 
     def count(self, shards: Collection[str] | None = None) -> int:
         """Runs going on now (of ``shards``, or all)."""
@@ -176,11 +177,16 @@ class Runs:
 
     async def wait_changed(self) -> None:
         """Wait until a run ends."""
-        await self._changed.wait()
+        self._waiting += 1
+        try:
+            await self._changed.wait()
+        finally:
+            self._waiting -= 1
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        if self._waiting:  # the hot path (a run ends, nobody waits) costs nothing
+            self._changed.set()
+            self._changed = asyncio.Event()
 
     def _notify_threadsafe(self) -> None:
         loop = self._loop

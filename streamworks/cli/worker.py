@@ -27,6 +27,7 @@ from streamworks.cli.common import (
 from streamworks.cli.logs import ContextFilter
 from streamworks.exceptions import NamespaceMismatchError
 from streamworks.redis.client import create_redis
+from streamworks.runtime.deadlines import lease_misfit
 from streamworks.runtime.http import bind, open_worker_http
 from streamworks.runtime.process import open_worker
 from streamworks.settings import Settings
@@ -83,6 +84,9 @@ def worker(
     http = {k: v for k, v in http.items() if v is not None}
     if http:
         settings = settings.model_copy(update={"worker": settings.worker.model_copy(update=http)})
+    misfit = lease_misfit(settings)
+    if misfit is not None:
+        fail(f"invalid STREAMWORKS_* setting: {misfit}")
     if concurrency is not None:
         for spec in app.handlers.values():
             spec.concurrency = concurrency

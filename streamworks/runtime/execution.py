@@ -42,6 +42,7 @@ from streamworks.runtime.dispatcher import Dispatcher, Outcome
 from streamworks.runtime.failures import TracebackLog, traceback_text
 from streamworks.runtime.handler import HandlerSpec, bind_arguments
 from streamworks.runtime.message import Context, Message
+from streamworks.runtime.ownership import RunCancelled
 
 if TYPE_CHECKING:
     from streamworks.app import App
@@ -152,6 +153,7 @@ class HandlerRuntime:
         self._tracebacks = TracebackLog(
             worker.group, spec.name, worker.settings.worker.traceback_interval
         )
+        self._runs = worker.runs
         self._logger = logging.LoggerAdapter(
             logging.getLogger("streamworks.app"), {"group": worker.group, "stream": spec.stream}
         )
@@ -187,12 +189,16 @@ class HandlerRuntime:
         try:
             started = _perf_counter()
             try:
-                result = await self._invoke(value, message)
+                with self._runs.run(message.shard):
+                    result = await self._invoke(value, message)
             finally:
                 self._duration.observe(_perf_counter() - started)
             if result is not None and inspect.isawaitable(result):
                 _discard(result)
                 raise TypeError("the handler returned an awaitable it did not await")
+        except RunCancelled:
+            self._dropped(message)  # ownership ended: it stays pending for the next owner
+            return None
         except Skip:
             self.statistics.skipped += 1
         except Retry as signal:
@@ -245,13 +251,18 @@ class HandlerRuntime:
         try:
             started = _perf_counter()
             try:
-                if self._middleware is None:
-                    await self._call(value, message, context)
-                else:
-                    assert context is not None
-                    await self._middleware.run(context, value)
+                with self._runs.run(message.shard, cancellable=self.plan.is_async):
+                    if self._middleware is None:
+                        await self._call(value, message, context)
+                    else:
+                        assert context is not None
+                        await self._middleware.run(context, value)
             finally:
                 self._duration.observe(_perf_counter() - started)
+        except RunCancelled:
+            await self._release(idem_key)
+            self._dropped(message)  # ownership ended: it stays pending for the next owner
+            return None
         except Skip:
             self.statistics.skipped += 1
         except Retry as signal:
@@ -289,7 +300,8 @@ class HandlerRuntime:
                     _discard(result)
                     raise TypeError("the handler returned an awaitable it did not await")
                 return
-            call = functools.partial(fn, *args)
+            # Counted as a run while the thread runs it, even once abandoned.
+            call = self._runs.in_thread(message.shard, functools.partial(fn, *args))
             with anyio.fail_after(timeout) if timeout is not None else _NO_TIMEOUT:
                 # A thread cannot be cancelled: after a timeout it is abandoned (it may
                 # still finish later) and the attempt counts as failed.

@@ -8,14 +8,19 @@ applies the answer:
 * ``revoke`` — DRAIN: stop reading, finish and ack in-flight work, report drained.
   A revoking shard is never read again on that grant, whatever happens to later
   heartbeats (E7);
-* ``FENCED`` / ``UNKNOWN_MEMBER`` — drop every shard (in-flight work finishes, nothing
-  is acked twice) and rejoin at once with epoch 0 and the same member id.
+* ``FENCED`` / ``UNKNOWN_MEMBER`` — drop every shard at once (running async handlers
+  are cancelled, their entries stay pending), wait until every run has ended (a sync
+  run that outlives the old lease's fail-stop point exits the process), and only then
+  rejoin with epoch 0 and the same member id: the rejoin renews the lease, and no run
+  started under the old one may still be going then (SPEC §5 "Exclusive processing").
 
-The local lease (E1): after a successful heartbeat sent at ``t`` the member may read
-until ``t + leaseTtl - margin`` (monotonic clock, margin = one heartbeat interval),
-so it stops before the coordinator can expire it and move its shards. When the
-coordinator cannot be reached, the member keeps retrying; when the lease runs out it
-stops reading (the worker's lease watchdog), and reads again only on a new answer.
+The local lease (E1): after a successful heartbeat sent at ``t`` the member starts
+runs only until ``t + leaseTtl x (1 - drift) - margin - grace`` and cancels or
+fail-stops whatever still runs before ``t + leaseTtl x (1 - drift)`` (monotonic clock,
+margin = one heartbeat interval; ``deadlines.py``), so every run has ended before the
+coordinator can expire it and move its shards. When the coordinator cannot be
+reached, the member keeps retrying; when the lease runs out it stops reading (the
+worker's lease watchdog), and reads again only on a new answer.
 """
 
 from __future__ import annotations
@@ -122,7 +127,17 @@ class CoordinatorAssignment:
             if await self._check_namespace(worker, response):
                 self._apply(worker, response, sent)
             if self.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
-                continue  # rejoin at once
+                # The join would renew the lease: rejoin only once no run started
+                # under the old one is still going (the watchdog fail-stops one that
+                # outlives it).
+                if worker.runs.count():
+                    log.warning(
+                        "member %s: waiting for %d handler runs to end before rejoining",
+                        worker.member_id[:8],
+                        worker.runs.count(),
+                    )
+                    await worker.runs.wait_ended()
+                continue
             with anyio.move_on_after(self._interval):
                 if self.status is HeartbeatStatus.SYNC_METADATA:
                     continue
@@ -169,7 +184,7 @@ class CoordinatorAssignment:
         self._interval = response.heartbeat_interval_ms / 1000
         if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
             log.warning(
-                "member %s %s: dropping all shards and rejoining",
+                "member %s %s: dropping all shards (cancelling their runs) and rejoining",
                 worker.member_id[:8],
                 response.status,
             )
@@ -190,7 +205,7 @@ class CoordinatorAssignment:
         self._full = response.status is HeartbeatStatus.SYNC_METADATA
         ttl = response.lease_ttl_ms / 1000
         margin = max(self._interval, self.settings.heartbeat_interval)
-        worker.lease.renew(sent + ttl - margin)
+        worker.lease.renew_after_heartbeat(sent, ttl, margin)
         grants = {
             ShardId.parse(g.shard): f"{g.epoch}:{worker.member_id}" for g in response.assigned
         }

@@ -65,7 +65,7 @@ def fast_settings(base: Settings | None = None, **overrides: Any) -> Settings:
                 **base.worker.model_dump(),
                 "block": 0.5,
                 "shutdown_timeout": 5.0,
-                "lease_grace": 1.0,
+                "lease_grace": 0.3,
             }
         ),
         "coordinator": CoordinatorSettings(
@@ -233,6 +233,8 @@ class TestRuntime(RuntimeObservations):
         self._run_lifespan = lifespan
         self._lifespan: Any = None
         self.clock = Clock()
+        #: Fail-stops of in-process workers (reasons): a worker process would have exited.
+        self.fail_stops: list[str] = []
         self._server: EmbeddedRedis | None = None
         self._tg: TaskGroup | None = None
         self._attach: Any = None
@@ -392,6 +394,9 @@ class TestRuntime(RuntimeObservations):
         assert self.coordinator is not None
         membership = CoordinatorAssignment(self.coordinator, self.settings)
         worker = Worker(self.app, self.redis, membership, settings=self.settings, clock=self.clock)
+        # A run outliving its lease would exit a real worker process; here it would take
+        # the test process with it, so the fail-stop is recorded instead.
+        worker.fail_stop = self.fail_stops.append
         scope = anyio.CancelScope()
         slot = _WorkerSlot(worker, scope)
         self.slots.append(slot)

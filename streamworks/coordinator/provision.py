@@ -10,13 +10,13 @@ them directly.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-__all__ = ("create_group", "create_shards", "write_fence")
+__all__ = ("create_group", "create_shards", "destroy_group", "write_fence")
 
 
 async def create_shards(
@@ -45,6 +45,23 @@ async def create_group(
         if int(created) == -2:
             missing.append(shard)
     return missing
+
+
+async def destroy_group(scripts: Scripts, keyspace: Keyspace, shard: ShardId, group: str) -> bool:
+    """Unsubscribe ``group`` from one shard: destroy its consumer group (positions and
+    pending entries) and delete its owner fence and retry records. Returns whether a
+    consumer group was destroyed (False when it or the shard key was gone already).
+
+    The one place that removes a group from a shard (``admin.py``'s unsubscribe calls
+    it per shard), so that an atomic script that also takes the group off the shard's
+    list of groups that must exist replaces these commands here and nowhere else.
+    """
+    client: Any = scripts.client
+    pipe = client.pipeline(transaction=False)
+    pipe.execute_command("XGROUP", "DESTROY", keyspace.stream(shard), group)
+    pipe.delete(keyspace.fence(shard, group), keyspace.retries(shard, group))
+    destroyed, _ = await pipe.execute(raise_on_error=False)
+    return not isinstance(destroyed, Exception) and int(destroyed) == 1
 
 
 async def write_fence(

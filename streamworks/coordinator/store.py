@@ -21,7 +21,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +111,9 @@ class Store:
         self._groups: dict[str, tuple[int, Group]] = {}
         self._streams: dict[str, tuple[int, StreamMeta]] = {}
         self._reported: dict[str, float] = {}  # fail-closed problem -> last logged
+        #: Called with the key each time :meth:`mutex` finds a mutex taken (tests use it
+        #: to interleave two critical sections without sleeping).
+        self.on_contended: Callable[[str], None] | None = None
 
     # -- time and mutexes ------------------------------------------------------------
     async def now_ms(self) -> int:
@@ -129,6 +132,8 @@ class Store:
         deadline = time.monotonic() + self._mutex_wait
         delay = 0.001
         while not await self.redis.set(key, token, nx=True, px=self._mutex_ms):
+            if self.on_contended is not None:
+                self.on_contended(key)
             if time.monotonic() > deadline:
                 raise MutexTimeout(f"{key} stayed locked for {self._mutex_wait}s")
             await anyio.sleep(delay)  # backoff against a lock held in another process
@@ -405,15 +410,9 @@ class Store:
     async def record_subscription(self, stream: str, group: str) -> None:
         await self.redis.sadd(self.keyspace.registry_subscriptions(stream), group)
 
-    async def remove_subscription(self, stream: str, group: str, shards: Iterable[ShardId]) -> None:
-        """Remove ``group``'s consumer groups, owner fences and retry records from
-        ``shards``, then its entry in the stream's subscription registry (an operator's
-        unsubscribe). Shards already gone are skipped."""
-        pipe = self.redis.pipeline(transaction=False)
-        for shard in shards:
-            pipe.execute_command("XGROUP", "DESTROY", self.keyspace.stream(shard), group)
-            pipe.delete(self.keyspace.fence(shard, group), self.keyspace.retries(shard, group))
-        await pipe.execute(raise_on_error=False)
+    async def remove_subscription(self, stream: str, group: str) -> None:
+        """Take ``group`` off the stream's subscription registry (unsubscribe, after its
+        consumer groups are gone from every shard: ``provision.destroy_group``)."""
         await self.redis.srem(self.keyspace.registry_subscriptions(stream), group)
 
     async def write_fences(

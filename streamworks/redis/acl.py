@@ -65,7 +65,7 @@ def _rules(role: Role, prefix: str) -> list[str]:
         # control-plane metadata, mutexes, leases, registry
         "+hget", "+hgetall", "+hmget", "+hset", "+hdel", "+set", "+get", "+del",
         "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore",
-        "+sadd", "+smembers", "+sismember",
+        "+sadd", "+srem", "+smembers", "+sismember",
         # shard provisioning, owner fences, positions, drain check and retirement
         "+exists", "+xgroup|create", "+xgroup|destroy", "+xinfo|groups", "+xinfo|stream",
         "+xlen",

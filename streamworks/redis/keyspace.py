@@ -109,7 +109,8 @@ class Keyspace:
         return f"{self.control_tag}:registry:groups"
 
     def registry_subscriptions(self, stream: str) -> str:
-        """Groups that have a Redis consumer group on every shard of ``stream``."""
+        """Groups subscribed to ``stream``: each has (or is about to get) a consumer group
+        on every shard of it, and every shard created later is created with them."""
         return f"{self.control_tag}:registry:subscriptions:{stream}"
 
     def epoch_floor(self) -> str:

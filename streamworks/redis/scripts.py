@@ -67,6 +67,11 @@ class Scripts:
         for name in SCRIPT_NAMES:
             setattr(self, name, client.register_script(load_script(name)))
 
+    @property
+    def client(self) -> Any:
+        """The client the scripts run on."""
+        return self._client
+
     async def call(self, name: str, keys: list[Arg], args: list[Arg]) -> Any:
         """Run script ``name`` with less per-call work than redis-py's script object
         (hand-packed ``EVALSHA``, see :mod:`streamworks.redis.wire`): for the hot

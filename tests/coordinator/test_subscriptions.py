@@ -1,0 +1,153 @@
+"""Subscriptions through the real coordinator service (issue 10, parts 2 and 3): a group
+that joins before its stream exists is created with the stream; an unsubscribe is seen
+by every replica and is serialized with a scale-out of the stream. Interleavings are
+held in place by hooks (an event-gated wrapper, the store's mutex-contention hook),
+never by sleeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from streamworks.coordinator import provision
+from streamworks.coordinator.service import CoordinatorService
+from streamworks.protocol.control import HeartbeatStatus, UnsubscribeRequest
+from streamworks.protocol.shards import ShardId
+from streamworks.redis.keyspace import Keyspace
+from streamworks.settings import Settings
+from streamworks.testing.runtime import fast_settings
+from tests.coordinator.harness import SimMember, beat, open_service, settle
+
+STREAM = "orders"
+
+
+async def shard_keys(service: CoordinatorService, keyspace: Keyspace) -> list[str]:
+    _, meta = await service.store.load_stream(STREAM)
+    assert meta is not None
+    return [keyspace.stream(ShardId.parse(s)) for s in meta.shard_ids(meta.assignable())]
+
+
+async def groups_on(redis: Any, key: str) -> set[str]:
+    return {g["name"].decode() for g in await redis.xinfo_groups(key)}
+
+
+async def consume_all(redis: Any, key: str, group: str) -> list[bytes]:
+    """Read and ack everything (as a worker of ``group`` would)."""
+    got: list[bytes] = []
+    while reply := await redis.xreadgroup(group, "c", {key: ">"}, count=100):
+        ids = [i for i, _ in reply[0][1]]
+        await redis.xack(key, group, *ids)
+        got += ids
+    return got
+
+
+async def test_a_group_that_joins_before_its_stream_exists_is_created_with_it(
+    settings: Settings, redis: Any, keyspace: Keyspace
+) -> None:
+    async with open_service(fast_settings(settings)) as service:
+        late = SimMember("l1", [STREAM])
+        response = await late.heartbeat(service, "late")
+        assert response.status is HeartbeatStatus.OK and response.assigned == []
+        assert await service.store.subscribed_groups(STREAM) == {"late"}  # the intent
+
+        await service.create_stream(STREAM, 2)
+        keys = await shard_keys(service, keyspace)
+        for key in keys:
+            assert await groups_on(redis, key) == {"late"}, "created with the stream"
+
+        # Another group consumes everything and trims: nothing the late group has not
+        # read is trimmed, because its consumer group exists from the first entry on.
+        await settle([SimMember("e1", [STREAM])], service, "early")
+        published = {key: [await redis.xadd(key, {"n": str(n)}) for n in range(20)] for key in keys}
+        for key in keys:
+            assert await consume_all(redis, key, "early") == published[key]
+            trim_keys = [key]
+            await service.store.scripts.trim(keys=trim_keys, args=[""])
+            assert await redis.xlen(key) == 20
+
+        await settle([late], service, "late")
+        assert sorted(late.owned) == sorted(str(keyspace.shard_of(k)) for k in keys)
+        for key in keys:
+            assert await consume_all(redis, key, "late") == published[key]
+
+
+async def test_a_resubscribe_through_another_replica_recreates_the_group(
+    settings: Settings, redis: Any, keyspace: Keyspace
+) -> None:
+    config = fast_settings(settings)
+    async with (
+        open_service(config, replica="a") as a,
+        open_service(config, replica="b") as b,
+    ):
+        await a.create_stream(STREAM, 2)
+        first = SimMember("m1", [STREAM])
+        await settle([first], b, "g")  # b checked the group's consumer groups
+        await b.heartbeat("g", beat("m1", -1))  # the member leaves
+        await a.unsubscribe(UnsubscribeRequest(group="g", stream=STREAM, confirm=True))
+        keys = await shard_keys(a, keyspace)
+        for key in keys:
+            assert await groups_on(redis, key) == set()
+
+        # The handler is deployed again; its member joins through replica b.
+        again = SimMember("m2", [STREAM])
+        await settle([again], b, "g")
+        assert await b.store.subscribed_groups(STREAM) == {"g"}
+        for key in keys:
+            assert await groups_on(redis, key) == {"g"}
+            ids = [await redis.xadd(key, {"n": str(n)}) for n in range(5)]
+            assert await consume_all(redis, key, "g") == ids
+
+
+async def test_an_unsubscribe_is_serialized_with_a_scale_out(
+    settings: Settings, redis: Any, keyspace: Keyspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = fast_settings(settings)
+    async with (
+        open_service(config, replica="a") as a,
+        open_service(config, replica="b") as b,
+    ):
+        await a.create_stream(STREAM, 1)
+        await settle([SimMember("m1", [STREAM])], a, "g")
+        await a.heartbeat("g", beat("m1", -1))
+
+        # Hold the unsubscribe after it read the layout, before it removes anything.
+        reached, release = anyio.Event(), anyio.Event()
+        real_destroy = provision.destroy_group
+
+        async def held_destroy(*args: Any, **kwargs: Any) -> bool:
+            reached.set()
+            await release.wait()
+            return await real_destroy(*args, **kwargs)
+
+        monkeypatch.setattr(provision, "destroy_group", held_destroy)
+        # The scale-out, on the other replica, either finds the stream's mutex taken or
+        # (without serialization) runs to its end: whichever comes first ends the hold.
+        contended, ended = anyio.Event(), anyio.Event()
+        mutex = keyspace.stream_mutex(STREAM)
+
+        def on_contended(key: str) -> None:
+            if key == mutex:
+                contended.set()
+                ended.set()
+
+        b.store.on_contended = on_contended
+
+        async def scale_out() -> None:
+            await b.scale_stream(STREAM, 3)
+            ended.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.unsubscribe, UnsubscribeRequest(group="g", stream=STREAM, confirm=True))
+            await reached.wait()
+            tg.start_soon(scale_out)
+            await ended.wait()
+            release.set()
+
+        keys = await shard_keys(b, keyspace)
+        assert len(keys) == 3
+        orphans = {key: await groups_on(redis, key) for key in keys}
+        assert orphans == {key: set() for key in keys}, "an orphan consumer group"
+        assert contended.is_set(), "the scale-out ran inside the unsubscribe"
+        assert "g" not in await b.store.subscribed_groups(STREAM)

@@ -49,9 +49,13 @@ def _rules(role: Role, prefix: str) -> list[str]:
             "+exists", "+get", "+xreadgroup", "+xrevrange", "+xautoclaim", "+xpending",
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
-            "+hget", "+hset", "+hdel",  # retry records
+            "+hget", "+hset", "+hdel", "+hincrby",  # retry records (fenced in scripts)
             dedup,  # idempotent publish from a handler
-            f"(~{keys.dead_letters_pattern()} +xadd)",  # dead letters
+            # dead letters, written at most once (dead_letter.lua: the script call needs
+            # both keys in one selector, its commands each their own)
+            f"(~{keys.dead_letters_pattern()} +xadd)",
+            f"(~{keys.dead_letter_marker_pattern()} +get +set)",
+            f"(~{keys.dead_letters_pattern()} ~{keys.dead_letter_marker_pattern()} +evalsha +eval)",
             f"(~{keys.idempotency_pattern()} +set +get +del +pexpire)",  # idempotency store
         ]  # fmt: skip
     if role == "producer":

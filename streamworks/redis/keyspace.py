@@ -73,6 +73,14 @@ class Keyspace:
         """Dead-letter stream of ``group`` for messages of ``stream``."""
         return f"{self.prefix}:dlq:{{{group}:{stream}}}"
 
+    def dead_letter_marker(self, group: str, stream: str, shard: str, entry_id: str) -> str:
+        """Marker that the entry ``entry_id`` of ``shard`` has been dead-lettered by
+        ``group`` (it holds the dead-letter entry's id): in the dead-letter stream's
+        slot, so writing the entry at most once is one script (``dead_letter.lua``).
+        Its own family (not under ``dlq:``), so a scan for dead-letter streams never
+        meets one."""
+        return f"{self.prefix}:dlq-written:{{{group}:{stream}}}:{shard}:{entry_id}"
+
     def idempotency(self, group: str, key: str) -> str:
         """Default idempotency store record for a handler's idempotency key."""
         return f"{self.prefix}:idem:{group}:{key}"
@@ -136,6 +144,10 @@ class Keyspace:
     def dead_letters_pattern(self) -> str:
         """Every dead-letter stream of the namespace (:meth:`dead_letters`)."""
         return f"{self.prefix}:dlq:*"
+
+    def dead_letter_marker_pattern(self) -> str:
+        """Every dead-letter marker of the namespace (:meth:`dead_letter_marker`)."""
+        return f"{self.prefix}:dlq-written:*"
 
     def idempotency_pattern(self) -> str:
         """Every default idempotency record (:meth:`idempotency`)."""

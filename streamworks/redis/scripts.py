@@ -24,6 +24,7 @@ __all__ = ("SCRIPT_NAMES", "Scripts", "load_script")
 #: Every script shipped with streamworks (file name without ``.lua``).
 SCRIPT_NAMES = (
     "claim",
+    "dead_letter",
     "fence",
     "group_commit",
     "group_create",
@@ -33,6 +34,7 @@ SCRIPT_NAMES = (
     "publish_dedup",
     "read",
     "retire",
+    "retry_record",
     "shard_create",
     "stream_commit",
     "trim",
@@ -49,6 +51,7 @@ class Scripts:
     """The scripts, registered on one redis-py asyncio client."""
 
     claim: AsyncScript
+    dead_letter: AsyncScript
     fence: AsyncScript
     group_commit: AsyncScript
     group_create: AsyncScript
@@ -58,6 +61,7 @@ class Scripts:
     publish_dedup: AsyncScript
     read: AsyncScript
     retire: AsyncScript
+    retry_record: AsyncScript
     shard_create: AsyncScript
     stream_commit: AsyncScript
     trim: AsyncScript

@@ -130,6 +130,8 @@ async def test_each_role_works_with_its_acl_and_only_with_it(acl_server: Any) ->
                 ("XDEL", key, "0-1"),
                 ("HGETALL", f"{{{prefix}}}:group:billing"),
                 ("SET", f"{{{prefix}}}:group:billing:mutex", "x"),
+                ("SET", f"{prefix}:dlq:{{billing:orders}}", "x"),  # the dead letters
+                ("XADD", f"{prefix}:dlq-written:{{billing:orders}}:s:1-0", "*", "f", "v"),
             ],
         }
         allowed = []

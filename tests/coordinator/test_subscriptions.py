@@ -11,14 +11,20 @@ from typing import Any
 import anyio
 import pytest
 
+from streamworks import App, Record
 from streamworks.coordinator import provision
 from streamworks.coordinator.service import CoordinatorService
 from streamworks.protocol.control import HeartbeatStatus, UnsubscribeRequest
+from streamworks.protocol.local import LocalTransport
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
+from streamworks.runtime.connection import open_connection
+from streamworks.runtime.membership import CoordinatorAssignment
+from streamworks.runtime.worker import Worker
 from streamworks.settings import Settings
 from streamworks.testing.runtime import fast_settings
 from tests.coordinator.harness import SimMember, beat, open_service, settle
+from tests.support import wait_for
 
 STREAM = "orders"
 
@@ -71,6 +77,46 @@ async def test_a_group_that_joins_before_its_stream_exists_is_created_with_it(
         assert sorted(late.owned) == sorted(str(keyspace.shard_of(k)) for k in keys)
         for key in keys:
             assert await consume_all(redis, key, "late") == published[key]
+
+
+async def test_a_worker_deployed_before_its_stream_exists_handles_every_entry(
+    settings: Settings, redis: Any
+) -> None:
+    """A rolling deploy that adds a handler before ``streams create``: the worker joins
+    naming a stream that does not exist; the stream is created later (here by a
+    producer's declaration) and everything published to it at once is handled, even
+    with ``start="latest"``: the group joined before any of it."""
+    config = fast_settings(settings)
+    consumer = App("late")
+    consumer.stream(STREAM, shards=2, start="latest")
+    handled: list[int] = []
+
+    @consumer.handler(STREAM)
+    async def handle(value: dict[str, int]) -> None:
+        handled.append(value["n"])
+
+    producer = App("producer")
+    producer.stream(STREAM, shards=2)
+    async with open_service(config) as service, anyio.create_task_group() as tg:
+        transport = LocalTransport(service)
+        tg.start_soon(service.run_loop)
+        worker = Worker(consumer, redis, CoordinatorAssignment(transport, config), settings=config)
+        await tg.start(worker.run)
+
+        async def registered() -> bool:
+            return "late" in await service.store.subscribed_groups(STREAM)
+
+        await wait_for(registered, message="the subscription to be recorded")
+        assert await service.store.load_stream(STREAM) == (0, None)
+        async with (
+            open_connection(producer, config, redis=redis, coordinator=transport) as conn,
+            producer.attached(conn),
+        ):
+            await producer.publish_many(STREAM, [Record({"n": i}, key=str(i)) for i in range(50)])
+            await wait_for(lambda: sorted(handled) == list(range(50)), message="all handled")
+        worker.request_stop()
+        await worker.stopped.wait()
+        tg.cancel_scope.cancel()
 
 
 async def test_a_resubscribe_through_another_replica_recreates_the_group(

@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv demo test lint format bench chaos clean
+.PHONY: venv demo test lint format docs bench chaos screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,14 +21,25 @@ demo: venv ## run the orders example end to end on an embedded Redis
 test: venv ## the whole test suite (embedded Redis unless STREAMWORKS_TEST_REDIS_URL is set)
 	$(VENV)/bin/pytest -q
 
-lint: venv ## ruff + mypy strict
+lint: venv ## ruff + mypy strict + the import contract of the layers (.importlinter)
 	$(VENV)/bin/ruff check streamworks tests bench examples
 	$(VENV)/bin/ruff format --check streamworks tests bench examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 format: venv
 	$(VENV)/bin/ruff check --fix streamworks tests bench examples
 	$(VENV)/bin/ruff format streamworks tests bench examples
+
+DOCS_STAMP := $(VENV)/.docs-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+$(DOCS_STAMP): $(STAMP)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -e '.[dev,docs]'
+	rm -f $(VENV)/.docs-*
+	touch $@
+
+docs: $(DOCS_STAMP) ## the documentation site, built with --strict (a broken link fails) into site/
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt
@@ -37,5 +48,8 @@ bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 chaos: venv ## fault injection: 30 min of seeded faults, then the checker (CHAOS_ARGS="--seed N --duration S")
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
+screenshots: venv ## the browser test, saving the dashboard screenshots docs/ shows (needs chromium)
+	STREAMWORKS_SCREENSHOTS=docs/img $(VENV)/bin/pytest -q tests/browser
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

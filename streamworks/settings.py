@@ -68,6 +68,8 @@ class Settings(BaseSettings):
     coordinator_urls: Annotated[list[str], NoDecode] = ["http://127.0.0.1:7400"]
     token: SecretStr | None = None
     admin_token: SecretStr | None = None
+    #: Read-only token of the web dashboard (``/ui``); the member token works there too.
+    viewer_token: SecretStr | None = None
 
     heartbeat_interval: float = Field(1.0, gt=0)
     lease_ttl: float = Field(10.0, gt=0)

@@ -35,6 +35,10 @@ log = logging.getLogger("streamworks.cli")
 @click.option(
     "--admin-token", help="bearer token for topology changes [env STREAMWORKS_ADMIN_TOKEN]"
 )
+@click.option(
+    "--viewer-token",
+    help="read-only token of the /ui dashboard [env STREAMWORKS_VIEWER_TOKEN]",
+)
 @click.option("--log-level", default="INFO", show_default=True)
 def coordinator(host: str | None, port: int | None, log_level: str, **flags: Any) -> None:
     """Run one coordinator replica. Run as many as you like against one Redis.

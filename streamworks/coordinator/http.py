@@ -29,6 +29,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from streamworks.coordinator.dashboard import dashboard_router
+from streamworks.coordinator.observation import Observer
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol import api as endpoints
 from streamworks.protocol.api import Endpoint
@@ -142,6 +144,8 @@ def create_api(service: CoordinatorService) -> FastAPI:
         redoc_url=None,
     )
     api.add_middleware(_BodyLimit)
+    observer = Observer(service)  # status snapshots: /metrics gauges and the dashboard
+    api.include_router(dashboard_router(service, observer))
 
     def _check(request: Request, expected: str | None) -> None:
         if expected is None:
@@ -293,6 +297,7 @@ def create_api(service: CoordinatorService) -> FastAPI:
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
+        await observer.observe()
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return api

@@ -488,3 +488,18 @@ class Store:
         if reply[0] in (1, 2):
             return True, ""
         return False, reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+
+    # -- dead letters: lengths only, for status views (never an entry, E24) ---------------
+    async def dead_letter_lengths(
+        self, pairs: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], int]:
+        """``XLEN`` of the dead-letter stream of each ``(group, stream)`` (0 where there
+        is none), pipelined. Lengths only: the coordinator never reads messages."""
+        pairs = list(pairs)
+        if not pairs:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for group, stream in pairs:
+            pipe.xlen(self.keyspace.dead_letters(group, stream))
+        replies = await pipe.execute()
+        return {pair: int(n) for pair, n in zip(pairs, replies, strict=True)}

@@ -1,0 +1,1 @@
+"""Fan-out: two consumer groups on one stream, each handling every event."""

@@ -1,0 +1,1 @@
+"""Idempotent side effects enforced by a database unique constraint."""

@@ -1,0 +1,1 @@
+"""Web apps publishing events: Flask (synchronous) and FastAPI (asynchronous)."""

@@ -67,6 +67,13 @@ class CoordinatorMetrics:
             "Requests refused with METADATA_UNAVAILABLE (fail closed)",
             registry=r,
         )
+        self.drain_repairs = Counter(
+            "streamworks_drain_repairs_total",
+            "Drain checks that repaired a group's lag lost by a Redis < 7.4 restart "
+            "(pending 0, last-delivered-id equal to last-generated-id)",
+            ["stream"],
+            registry=r,
+        )
         self.status = StatusCollector()
         r.register(self.status)
 

@@ -1,33 +1,82 @@
-"""Creating shard keys, consumer groups and owner fences in Redis.
+"""Creating shard keys, consumer groups and owner fences in Redis, and removing groups.
 
 These are the only writes that create data-plane keys: the coordinator calls them
 when a stream is created or scaled out, when a group first subscribes to a stream,
 and when it grants a shard. The data plane never creates a key or a group, so a
 retired shard cannot be resurrected (SPEC §5). ``TestRuntime``'s static mode uses
 them directly.
+
+Each shard also carries the set of groups that must exist on it
+(:meth:`~streamworks.redis.keyspace.Keyspace.shard_groups`), written in the same script
+as the consumer groups: trimming and retirement refuse while a group on it is missing,
+so a group whose consumer group is created late loses nothing (SPEC §5 Ack).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Literal
 
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-__all__ = ("create_group", "create_shards", "destroy_group", "write_fence")
+__all__ = (
+    "DrainCheck",
+    "DrainStatus",
+    "create_group",
+    "create_shards",
+    "destroy_group",
+    "drain_check",
+    "record_shard_groups",
+    "write_fence",
+)
 
 
 async def create_shards(
-    scripts: Scripts, keyspace: Keyspace, shards: Iterable[ShardId], groups: Sequence[str]
+    scripts: Scripts,
+    keyspace: Keyspace,
+    shards: Iterable[ShardId],
+    groups: Sequence[str],
+    *,
+    provisional: bool = False,
 ) -> int:
     """Create each shard key with a consumer group per name in ``groups`` (atomically
-    per shard; existing shards are left alone). Returns how many were created."""
+    per shard; existing shards are left alone). Returns how many were created.
+
+    Args:
+        provisional: the group list is not final (``groups`` was read before the layout
+            holding these shards was committed): trimming on them refuses until
+            :func:`record_shard_groups` confirms the list from a registry read taken
+            after the commit.
+    """
+    mode = "provisional" if provisional else "sealed"
     created = 0
     for shard in shards:
-        created += int(await scripts.shard_create(keys=[keyspace.stream(shard)], args=list(groups)))
+        reply = await scripts.shard_create(
+            keys=[keyspace.stream(shard), keyspace.shard_groups(shard)], args=[mode, *groups]
+        )
+        created += int(reply)
     return created
+
+
+async def record_shard_groups(
+    scripts: Scripts, keyspace: Keyspace, shards: Iterable[ShardId], groups: Sequence[str]
+) -> list[ShardId]:
+    """Add ``groups`` to each shard's group set and confirm (seal) the set, so trimming
+    runs again. ``groups`` must come from a registry read taken *after* the layout
+    holding the shards was committed. Also backfills shards created before the set
+    existed. Returns the shards whose key is missing (nothing written for them)."""
+    missing = []
+    for shard in shards:
+        reply = await scripts.shard_groups(
+            keys=[keyspace.stream(shard), keyspace.shard_groups(shard)], args=list(groups)
+        )
+        if int(reply) == -2:
+            missing.append(shard)
+    return missing
 
 
 async def create_group(
@@ -37,31 +86,79 @@ async def create_group(
     group: str,
     start: Literal["earliest", "latest"] = "earliest",
 ) -> list[ShardId]:
-    """Create ``group`` on every existing shard (never the shard key); returns the
-    shards whose key is missing."""
+    """Create ``group`` on every existing shard (never the shard key) and add it to the
+    shard's group set; returns the shards whose key is missing."""
     missing = []
     for shard in shards:
-        created = await scripts.group_create(keys=[keyspace.stream(shard)], args=[group, start])
+        created = await scripts.group_create(
+            keys=[keyspace.stream(shard), keyspace.shard_groups(shard)], args=[group, start]
+        )
         if int(created) == -2:
             missing.append(shard)
     return missing
 
 
 async def destroy_group(scripts: Scripts, keyspace: Keyspace, shard: ShardId, group: str) -> bool:
-    """Unsubscribe ``group`` from one shard: destroy its consumer group (positions and
-    pending entries) and delete its owner fence and retry records. Returns whether a
-    consumer group was destroyed (False when it or the shard key was gone already).
+    """Unsubscribe ``group`` from one shard in one script: destroy its consumer group,
+    take it off the shard's group set, delete its owner fence and retry records.
+    Returns whether a consumer group was destroyed."""
+    reply = await scripts.group_destroy(
+        keys=[
+            keyspace.stream(shard),
+            keyspace.shard_groups(shard),
+            keyspace.fence(shard, group),
+            keyspace.retries(shard, group),
+        ],
+        args=[group],
+    )
+    return int(reply) == 1
 
-    The one place that removes a group from a shard (``admin.py``'s unsubscribe calls
-    it per shard), so that an atomic script that also takes the group off the shard's
-    list of groups that must exist replaces these commands here and nowhere else.
+
+class DrainStatus(Enum):
+    """Outcome of :func:`drain_check`."""
+
+    DRAINED = "drained"  # proven drained (and retired, in mode "retire")
+    GONE = "gone"  # the shard key no longer exists (retired earlier)
+    BLOCKED = "blocked"  # not proven drained: see the reason
+    REPAIRED = "repaired"  # lag repaired (Redis < 7.4 after a restart); check again later
+
+
+@dataclass(frozen=True, slots=True)
+class DrainCheck:
+    """What ``retire.lua`` found on one shard."""
+
+    status: DrainStatus
+    reason: str = ""
+
+
+async def drain_check(
+    scripts: Scripts,
+    keyspace: Keyspace,
+    shard: ShardId,
+    groups: Sequence[str],
+    *,
+    mode: Literal["check", "retire", "repair"] = "retire",
+) -> DrainCheck:
+    """Check a shard's drain evidence (``retire.lua``) for every group in ``groups``
+    (the registry's) and in the shard's own group set.
+
+    Args:
+        mode: ``retire`` deletes the shard in the same script when proven drained, and
+            repairs a lag that Redis < 7.4 lost on a restart (reported as REPAIRED:
+            a later check retires it); ``repair`` only repairs (for a shard that
+            stays, e.g. ACTIVE); ``check`` writes nothing.
     """
-    client: Any = scripts.client
-    pipe = client.pipeline(transaction=False)
-    pipe.execute_command("XGROUP", "DESTROY", keyspace.stream(shard), group)
-    pipe.delete(keyspace.fence(shard, group), keyspace.retries(shard, group))
-    destroyed, _ = await pipe.execute(raise_on_error=False)
-    return not isinstance(destroyed, Exception) and int(destroyed) == 1
+    keys: list[Any] = [keyspace.stream(shard), keyspace.shard_groups(shard)]
+    for group in groups:
+        keys += [keyspace.fence(shard, group), keyspace.retries(shard, group)]
+    reply = await scripts.retire(keys=keys, args=[mode, *groups])
+    code = int(reply[0])
+    if code == 1:
+        return DrainCheck(DrainStatus.DRAINED)
+    if code == 2:
+        return DrainCheck(DrainStatus.GONE)
+    reason = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+    return DrainCheck(DrainStatus.REPAIRED if code == 3 else DrainStatus.BLOCKED, reason)
 
 
 async def write_fence(

@@ -94,7 +94,9 @@ class CoordinatorService:
         self.discipline = WriteDiscipline(self.store)
         self.state = ReplicaState(self.clock)
         self.subscriptions = Subscriptions(self.store, self.keyspace)
-        self.resharder = Resharder(self.store, self.keyspace, settings, self.discipline)
+        self.resharder = Resharder(
+            self.store, self.keyspace, settings, self.discipline, self.metrics
+        )
         cas_retries = settings.coordinator.cas_retries
         self.heartbeats = HeartbeatHandler(
             store=self.store,

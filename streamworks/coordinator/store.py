@@ -11,13 +11,22 @@ Everything here is a thin shell over Redis; decisions are the core's. Layout
   Redis consumer group on a stream's shards (tells "new" from "lost", E21).
 
 A replica caches what it loaded *by revision*: a cached group at revision R is
-exactly what Redis held at R, so comparing revisions (one ``HGET``, or inside
+exactly what Redis held at R, so comparing revisions (one ``HMGET``, or inside
 ``lease_renew.lua``) is enough to use it. Redis stays the only source of truth.
+
+A revision is the pair of the hash's ``rev`` (a counter, ``max(rev + 1, Redis time ms)``)
+and ``cid`` (the id of the commit that wrote it: this store's random writer id and a
+counter it never reuses), packed in one ``int`` (``rev << 128 | cid``) so callers keep
+comparing and caching plain ints. ``rev`` alone can repeat after Redis lost writes (a
+failover to a replica whose clock is behind: the next commits count up through the lost
+values); a commit id cannot, so a revision never names two different contents (E19).
+Hashes written before the commit id existed read as ``cid`` 0.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import secrets
 import time
@@ -49,6 +58,25 @@ log = logging.getLogger("streamworks.coordinator.store")
 
 #: Seconds between two log lines about the same fail-closed problem.
 _REPORT_EVERY = 10.0
+
+_CID_BITS = 128
+
+
+def _revision(raw_rev: Any, raw_cid: Any) -> int:
+    """The revision of a hash from its ``rev`` and ``cid`` fields (0: no hash)."""
+    rev = int(raw_rev or 0)
+    return (rev << _CID_BITS) | int(raw_cid or 0) if rev else 0
+
+
+def _split(revision: int) -> tuple[int, int]:
+    """``(rev, cid)`` of a revision."""
+    return revision >> _CID_BITS, revision & ((1 << _CID_BITS) - 1)
+
+
+def _token(revision: int) -> str:
+    """A revision as ``lease_renew.lua`` compares it: ``"<rev>:<cid>"``."""
+    rev, cid = _split(revision)
+    return f"{rev}:{cid}"
 
 
 class MetadataUnavailable(CoordinatorError):
@@ -114,6 +142,9 @@ class Store:
         #: Called with the key each time :meth:`mutex` finds a mutex taken (tests use it
         #: to interleave two critical sections without sleeping).
         self.on_contended: Callable[[str], None] | None = None
+        # Commit ids: a random writer id per store, and a counter never reused by it.
+        self._writer = secrets.randbits(64)
+        self._commits = itertools.count(1)
 
     # -- time and mutexes ------------------------------------------------------------
     async def now_ms(self) -> int:
@@ -146,6 +177,10 @@ class Store:
                 if not released:
                     log.warning("mutex %s expired while held (its CAS still protected it)", key)
 
+    def _new_cid(self) -> int:
+        """A commit id no other commit has, of this store or any other."""
+        return (self._writer << 64) | next(self._commits)
+
     def unavailable(self, message: str) -> MetadataUnavailable:
         """The fail-closed error for ``message`` (E21), logged so an operator sees what
         is missing: once per problem per 10 s, however many members keep retrying."""
@@ -170,17 +205,17 @@ class Store:
         """
         key = self.keyspace.group_meta(group_id)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hget(key, "rev")
+        pipe.hmget(key, ["rev", "cid"])
         pipe.time()
-        raw_rev, (seconds, micros) = await pipe.execute()
+        (raw_rev, raw_cid), (seconds, micros) = await pipe.execute()
         now_ms = int(seconds) * 1000 + int(micros) // 1000 + self.clock.offset_ms
-        rev = int(raw_rev or 0)
+        rev = _revision(raw_rev, raw_cid)
         if rev == 0 and await self.redis.sismember(self.keyspace.registry_groups(), group_id):
             # A commit writes the revision and the registry entry in one script: if the
             # entry is visible now, so is the revision, unless the metadata is gone.
             # (Reading the revision again closes the race with a group created between
             # the two reads.)
-            rev = int(await self.redis.hget(key, "rev") or 0)
+            rev = _revision(*await self.redis.hmget(key, ["rev", "cid"]))
         if rev == 0:
             if await self.redis.sismember(self.keyspace.registry_groups(), group_id):
                 raise self.unavailable(
@@ -193,7 +228,7 @@ class Store:
             return Loaded(cached[1], rev, now_ms)
         fields = await self.redis.hgetall(key)
         try:
-            rev = int(fields[b"rev"])
+            rev = _revision(int(fields[b"rev"]), fields.get(b"cid"))
             header = orjson.loads(fields[b"header"])
             members = [
                 Member.from_dict(orjson.loads(value))
@@ -232,7 +267,10 @@ class Store:
                 if not member.is_live:
                     unlease.append(member_id)
         header = orjson.dumps(group.to_header()) if header_changed or rev == 0 else b""
-        args: list[Any] = [rev, group.group_id, header, lease_ttl_ms, now_ms]
+        expected, expected_cid = _split(rev)
+        cid = self._new_cid()
+        args: list[Any] = [expected, expected_cid, cid, group.group_id, header, lease_ttl_ms]
+        args.append(now_ms)
         args += [len(upserts) // 2, *upserts]
         args += [len(removed), *removed, len(renew), *renew, len(unlease), *unlease]
         args += [len(expect_expired), *expect_expired]
@@ -244,7 +282,7 @@ class Store:
         if reply[0] != 1:
             self._groups.pop(group.group_id, None)
             return None
-        new_rev = int(reply[1])
+        new_rev = _revision(int(reply[1]), cid)
         self._groups[group.group_id] = (new_rev, group)
         return new_rev
 
@@ -267,9 +305,9 @@ class Store:
             args=[
                 member_id,
                 ttl_ms,
-                group_rev,
+                _token(group_rev),
                 self.clock.offset_ms,
-                *[stream_revs[n] for n in names],
+                *[_token(stream_revs[n]) for n in names],
             ],
         )
         return reply[0] == 1, int(reply[1])
@@ -314,8 +352,9 @@ class Store:
             return {}
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
-            pipe.hget(self.keyspace.stream_meta(name), "rev")
-        return {n: int(r or 0) for n, r in zip(names, await pipe.execute(), strict=True)}
+            pipe.hmget(self.keyspace.stream_meta(name), ["rev", "cid"])
+        replies = await pipe.execute()
+        return {n: _revision(*r) for n, r in zip(names, replies, strict=True)}
 
     async def load_streams(self, names: Iterable[str]) -> dict[str, tuple[int, StreamMeta | None]]:
         """Load stream metadata (cached by revision). A stream that never existed maps
@@ -329,7 +368,8 @@ class Store:
         for name, rev in revs.items():
             if rev == 0 and await self.redis.sismember(self.keyspace.registry_streams(), name):
                 # Registered: re-read the revision (created between our two reads?).
-                rev = int(await self.redis.hget(self.keyspace.stream_meta(name), "rev") or 0)
+                key = self.keyspace.stream_meta(name)
+                rev = _revision(*await self.redis.hmget(key, ["rev", "cid"]))
             if rev == 0:
                 if await self.redis.sismember(self.keyspace.registry_streams(), name):
                     raise self.unavailable(
@@ -342,10 +382,12 @@ class Store:
             if cached is not None and cached[0] == rev:
                 out[name] = cached
                 continue
-            raw_rev, doc = await self.redis.hmget(self.keyspace.stream_meta(name), ["rev", "doc"])
+            raw_rev, raw_cid, doc = await self.redis.hmget(
+                self.keyspace.stream_meta(name), ["rev", "cid", "doc"]
+            )
             try:
                 meta = StreamMeta.from_dict(orjson.loads(doc))
-                loaded = (int(raw_rev), meta)
+                loaded = (_revision(int(raw_rev), raw_cid), meta)
             except (TypeError, ValueError, orjson.JSONDecodeError) as e:
                 raise self.unavailable(f"stream {name!r} metadata is corrupt: {e}") from e
             self._streams[name] = loaded
@@ -357,14 +399,16 @@ class Store:
 
     async def commit_stream(self, rev: int, meta: StreamMeta) -> int | None:
         """CAS-write a stream's metadata; the new rev, or None on conflict."""
+        expected, expected_cid = _split(rev)
+        cid = self._new_cid()
         reply = await self.scripts.stream_commit(
             keys=[self.keyspace.stream_meta(meta.name), self.keyspace.registry_streams()],
-            args=[rev, meta.name, orjson.dumps(meta.to_dict())],
+            args=[expected, expected_cid, cid, meta.name, orjson.dumps(meta.to_dict())],
         )
         if reply[0] != 1:
             self._streams.pop(meta.name, None)
             return None
-        new_rev = int(reply[1])
+        new_rev = _revision(int(reply[1]), cid)
         self._streams[meta.name] = (new_rev, meta)
         return new_rev
 
@@ -477,17 +521,6 @@ class Store:
             ]
             out.append((int(length), infos))
         return out
-
-    async def retire_shard(self, shard: ShardId, groups: Sequence[str]) -> tuple[bool, str]:
-        """Delete ``shard`` if every group in ``groups`` drained it (``retire.lua``):
-        ``(retired, why not)``; retired also when it was gone already."""
-        keys = [self.keyspace.stream(shard)]
-        for group in groups:
-            keys += [self.keyspace.fence(shard, group), self.keyspace.retries(shard, group)]
-        reply = await self.scripts.retire(keys=keys, args=["retire", *groups])
-        if reply[0] in (1, 2):
-            return True, ""
-        return False, reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
 
     # -- dead letters: lengths only, for status views (never an entry, E24) ---------------
     async def dead_letter_lengths(

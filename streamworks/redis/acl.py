@@ -50,6 +50,7 @@ def _rules(role: Role, prefix: str) -> list[str]:
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
             "+hget", "+hset", "+hdel", "+hincrby",  # retry records (fenced in scripts)
+            f"(~{keys.shard_groups_pattern()} +smembers)",  # groups that must exist (trim.lua)
             dedup,  # idempotent publish from a handler
             # dead letters, written at most once (dead_letter.lua: the script call needs
             # both keys in one selector, its commands each their own)
@@ -70,9 +71,10 @@ def _rules(role: Role, prefix: str) -> list[str]:
         "+hget", "+hgetall", "+hmget", "+hset", "+hdel", "+set", "+get", "+del",
         "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore",
         "+sadd", "+srem", "+smembers", "+sismember",
-        # shard provisioning, owner fences, positions, drain check and retirement
-        "+exists", "+xgroup|create", "+xgroup|destroy", "+xinfo|groups", "+xinfo|stream",
-        "+xlen",
+        # shard provisioning, owner fences, positions, drain check and retirement (with
+        # the lag repair of retire.lua: XGROUP SETID ... ENTRIESREAD)
+        "+exists", "+xgroup|create", "+xgroup|destroy", "+xgroup|setid", "+xinfo|groups",
+        "+xinfo|stream", "+xlen",
     ]  # fmt: skip
 
 

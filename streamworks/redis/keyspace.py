@@ -5,15 +5,17 @@ Hash tags decide which keys share a Redis Cluster slot:
 * all control-plane keys of a namespace share the tag ``{<prefix>}``, so one Lua
   script may touch several of them atomically;
 * each shard has its own tag ``{<prefix>:<stream>/<index>@<incarnation>}`` shared by
-  the stream key, its per-group owner fences and retry records, and its publish
-  dedup records, so the fenced read, the takeover claim, the idempotent publish and
-  the drain-and-retire check each run as one script in the shard's slot;
+  the stream key, the set of groups that must exist on it, its per-group owner
+  fences and retry records, and its publish dedup records, so the fenced read, the
+  takeover claim, the idempotent publish, trimming and the drain-and-retire check
+  each run as one script in the shard's slot;
 * dead-letter streams and idempotency records are spread by their own names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from streamworks.protocol.shards import ShardId
 
@@ -67,6 +69,21 @@ class Keyspace:
         if not key.startswith(head) or end < 0:
             raise ValueError(f"{key!r} is not a shard key under prefix {self.prefix!r}")
         return ShardId.parse(key[len(head) : end])
+
+    # The groups that must exist on a shard live in the shard's own slot, beside the
+    # stream, so that trim.lua and retire.lua (which run in that slot, and cannot read
+    # the control plane on Cluster) refuse while one of them is missing (SPEC §5 Ack).
+    # Written by shard_create.lua / group_create.lua / shard_groups.lua, cleared by
+    # group_destroy.lua, each in the same script as the consumer-group change.
+    #: Member of a shard's group set while the list is not final (a scale-out created
+    #: the shard and has not re-read the registry since its commit): trimming refuses.
+    #: Never a group name (those start with a letter or digit); the Lua scripts spell it.
+    SHARD_GROUPS_UNSEALED: ClassVar[str] = "!unsealed"
+
+    def shard_groups(self, shard: ShardId) -> str:
+        """Set of the group names that must have a consumer group on the shard; holds
+        :attr:`SHARD_GROUPS_UNSEALED` until the coordinator has confirmed the list."""
+        return f"{self.shard_tag(shard)}:groups"
 
     # -- per group --------------------------------------------------------------------
     def dead_letters(self, group: str, stream: str) -> str:
@@ -136,6 +153,10 @@ class Keyspace:
     def shard_slot_pattern(self) -> str:
         """Every key in any shard's slot: ``{<prefix>:<shard>}:…``."""
         return f"{{{self.prefix}:*"
+
+    def shard_groups_pattern(self) -> str:
+        """Every shard's set of groups that must exist on it (:meth:`shard_groups`)."""
+        return f"{{{self.prefix}:*}}:groups"
 
     def dedup_pattern(self) -> str:
         """Every shard-level publish dedup record (:meth:`dedup`)."""

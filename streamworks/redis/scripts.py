@@ -28,6 +28,7 @@ SCRIPT_NAMES = (
     "fence",
     "group_commit",
     "group_create",
+    "group_destroy",
     "lease_renew",
     "mutex_release",
     "prune_consumers",
@@ -36,6 +37,7 @@ SCRIPT_NAMES = (
     "retire",
     "retry_record",
     "shard_create",
+    "shard_groups",
     "stream_commit",
     "trim",
 )
@@ -55,6 +57,7 @@ class Scripts:
     fence: AsyncScript
     group_commit: AsyncScript
     group_create: AsyncScript
+    group_destroy: AsyncScript
     lease_renew: AsyncScript
     mutex_release: AsyncScript
     prune_consumers: AsyncScript
@@ -63,6 +66,7 @@ class Scripts:
     retire: AsyncScript
     retry_record: AsyncScript
     shard_create: AsyncScript
+    shard_groups: AsyncScript
     stream_commit: AsyncScript
     trim: AsyncScript
 
@@ -70,11 +74,6 @@ class Scripts:
         self._client = client
         for name in SCRIPT_NAMES:
             setattr(self, name, client.register_script(load_script(name)))
-
-    @property
-    def client(self) -> Any:
-        """The client the scripts run on."""
-        return self._client
 
     async def call(self, name: str, keys: list[Arg], args: list[Arg]) -> Any:
         """Run script ``name`` with less per-call work than redis-py's script object

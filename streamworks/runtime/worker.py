@@ -308,7 +308,13 @@ class Worker:
                     # Entry ids are wall-clock milliseconds: older than the retention.
                     cap = f"{self.clock.time_ms() - int(spec.retention * 1000)}-0"
                 try:
-                    await self.scripts.trim(keys=[reader.stream_key], args=[cap])
+                    trimmed = await self.scripts.trim(
+                        keys=[reader.stream_key, self.keyspace.shard_groups(reader.shard)],
+                        args=[cap],
+                    )
+                    if int(trimmed) in (-3, -4):  # a group that must exist is missing
+                        reader.acked_since_trim = True  # try again next period
+                        log.debug("trim of %s refused (%d)", reader.shard, trimmed)
                 except RedisError as e:
                     log.warning("trim of %s failed: %s", reader.shard, e)
 

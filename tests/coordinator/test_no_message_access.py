@@ -101,7 +101,7 @@ async def test_the_coordinator_never_touches_stream_messages(
     assert {s.name for s in status.streams} == {"audit", "orders"}
     names = {c[0] for c in recording.commands}
     # The recorder saw the coordinator's work, status reads included...
-    assert {"EVALSHA", "HGET", "XLEN", "XINFO GROUPS"} <= names, names
+    assert {"EVALSHA", "HMGET", "XLEN", "XINFO GROUPS"} <= names, names
     # ...and no command on stream entries.
     assert not names & MESSAGE_COMMANDS, names & MESSAGE_COMMANDS
     # Scripts it ran: none can touch entries either (only XGROUP/XINFO on shards).

@@ -69,7 +69,8 @@ async def test_a_group_that_joins_before_its_stream_exists_is_created_with_it(
         published = {key: [await redis.xadd(key, {"n": str(n)}) for n in range(20)] for key in keys}
         for key in keys:
             assert await consume_all(redis, key, "early") == published[key]
-            trim_keys = [key]
+            shard = keyspace.shard_of(key)
+            trim_keys = [key, keyspace.shard_groups(shard)]
             await service.store.scripts.trim(keys=trim_keys, args=[""])
             assert await redis.xlen(key) == 20
 

@@ -19,6 +19,7 @@ __all__ = (
     "keys_for",
     "pending_ids",
     "read_group",
+    "set_key",
     "shard",
     "text",
     "true_lag",
@@ -28,6 +29,13 @@ __all__ = (
 
 def shard(name: str = "orders", index: int = 0) -> ShardId:
     return ShardId(name, index)
+
+
+def set_key(stream_key: str) -> str:
+    """The group set of the shard whose stream key is ``stream_key`` (the tests hold
+    stream keys; ``test_set_key_is_the_keyspace_s`` pins it to ``Keyspace.shard_groups``)."""
+    assert stream_key.endswith(":stream"), stream_key
+    return stream_key.removesuffix(":stream") + ":groups"
 
 
 def text(value: Any) -> str:

@@ -23,7 +23,7 @@ from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from streamworks.settings import Settings
 
-from .streams import groups, shard, text
+from .streams import groups, set_key, shard, text
 
 GROUPS = ("fast", "slow")
 CONSUMERS = ("c1", "c2")
@@ -81,7 +81,10 @@ async def run(url: str, prefix: str, ops: list[Op]) -> None:
     stream = Keyspace(prefix).stream(shard(f"lag-{uuid.uuid4().hex[:8]}"))
     model = Model()
     try:
-        assert await scripts.shard_create(keys=[stream], args=list(GROUPS)) == 1
+        assert (
+            await scripts.shard_create(keys=[stream, set_key(stream)], args=["sealed", *GROUPS])
+            == 1
+        )
         await check(redis, stream, model, -1, ("create",))
         for step, op in enumerate(ops):
             kind = op[0]
@@ -108,7 +111,7 @@ async def run(url: str, prefix: str, ops: list[Op]) -> None:
                 cap = ""
                 if op[1] is not None and model.added:
                     cap = model.added[op[1] % len(model.added)]
-                trimmed = await scripts.trim(keys=[stream], args=[cap])
+                trimmed = await scripts.trim(keys=[stream, set_key(stream)], args=[cap])
                 assert trimmed >= 0, f"step {step} {op!r}: trim returned {trimmed}"
             await check(redis, stream, model, step, op)
     finally:
@@ -174,7 +177,7 @@ async def test_xdel_of_an_undelivered_entry_makes_lag_nil(
     """Why the runtime never XDELs (research 1.3 scenario D): the group's lag becomes
     nil, so lag alone could never prove the shard drained."""
     stream = keyspace.stream(shard())
-    assert await scripts.shard_create(keys=[stream], args=["g"]) == 1
+    assert await scripts.shard_create(keys=[stream, set_key(stream)], args=["sealed", "g"]) == 1
     ids = [text(await redis.xadd(stream, {"n": str(i)})) for i in range(3)]
     assert (await groups(redis, stream))["g"]["lag"] == 3
 

@@ -13,7 +13,7 @@ import pytest
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-from .streams import add_entries, groups, keys_for, pending_ids, read_group, shard, text
+from .streams import add_entries, groups, keys_for, pending_ids, read_group, set_key, shard, text
 
 GROUP = "billing"
 NEW_OWNER = "m-new"
@@ -27,7 +27,7 @@ async def shard_with_pending(
     name -> how many entries it read (in that order). Returns keys and {id: consumer}."""
     keys = keys_for(keyspace, shard(), GROUP)
     stream, fence_key, _ = keys
-    assert await scripts.shard_create(keys=[stream], args=[GROUP]) == 1
+    assert await scripts.shard_create(keys=[stream, set_key(stream)], args=["sealed", GROUP]) == 1
     await add_entries(redis, stream, sum(deliveries.values()) + 2)  # 2 never delivered
     for consumer, n in deliveries.items():
         assert len(await read_group(redis, stream, GROUP, consumer, n)) == n

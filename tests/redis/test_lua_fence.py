@@ -13,7 +13,7 @@ import pytest
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-from .streams import shard
+from .streams import set_key, shard
 
 STREAM_KEY: dict[str, str] = {}  # fence key -> its shard's stream key
 
@@ -27,7 +27,12 @@ async def fence_key(redis: Any, scripts: Scripts, keyspace: Keyspace) -> str:
     """The fence key of a shard that exists."""
     key = keyspace.fence(shard(), "billing")
     STREAM_KEY[key] = keyspace.stream(shard())
-    assert await scripts.shard_create(keys=[STREAM_KEY[key]], args=["billing"]) == 1
+    assert (
+        await scripts.shard_create(
+            keys=[STREAM_KEY[key], set_key(STREAM_KEY[key])], args=["sealed", "billing"]
+        )
+        == 1
+    )
     return key
 
 

@@ -12,19 +12,19 @@ import pytest
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-from .streams import add_entries, groups, read_group, shard, true_lag
+from .streams import add_entries, groups, read_group, set_key, shard, true_lag
 
 NEW = "analytics"
 
 
 async def create(scripts: Scripts, stream: str, start: str, group: str = NEW) -> int:
-    return int(await scripts.group_create(keys=[stream], args=[group, start]))
+    return int(await scripts.group_create(keys=[stream, set_key(stream)], args=[group, start]))
 
 
 @pytest.fixture
 async def stream(scripts: Scripts, keyspace: Keyspace) -> str:
     key = keyspace.stream(shard())
-    assert await scripts.shard_create(keys=[key], args=["billing"]) == 1
+    assert await scripts.shard_create(keys=[key, set_key(key)], args=["sealed", "billing"]) == 1
     return key
 
 
@@ -61,7 +61,7 @@ async def test_earliest_after_a_head_trim_counts_only_readable_entries(
     ids = await add_entries(redis, stream, 8)
     await read_group(redis, stream, "billing", "c", 3)
     await redis.xack(stream, "billing", *ids[:3])
-    assert await scripts.trim(keys=[stream], args=[""]) == 3
+    assert await scripts.trim(keys=[stream, set_key(stream)], args=[""]) == 3
 
     assert await create(scripts, stream, "earliest") == 1
 
@@ -103,7 +103,7 @@ async def test_latest_after_a_head_trim(redis: Any, scripts: Scripts, stream: st
     ids = await add_entries(redis, stream, 4)
     await read_group(redis, stream, "billing", "c", 2)
     await redis.xack(stream, "billing", *ids[:2])
-    assert await scripts.trim(keys=[stream], args=[""]) == 2
+    assert await scripts.trim(keys=[stream, set_key(stream)], args=[""]) == 2
 
     assert await create(scripts, stream, "latest") == 1
 

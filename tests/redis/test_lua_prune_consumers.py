@@ -10,7 +10,7 @@ from typing import Any
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-from .streams import add_entries, consumers, keys_for, pending_ids, read_group, shard
+from .streams import add_entries, consumers, keys_for, pending_ids, read_group, set_key, shard
 
 GROUP = "billing"
 CALLER = "m-new"
@@ -22,7 +22,7 @@ async def prune(scripts: Scripts, stream: str, caller: str = CALLER) -> int:
 
 async def setup(redis: Any, scripts: Scripts, keyspace: Keyspace) -> str:
     stream = keyspace.stream(shard())
-    assert await scripts.shard_create(keys=[stream], args=[GROUP]) == 1
+    assert await scripts.shard_create(keys=[stream, set_key(stream)], args=["sealed", GROUP]) == 1
     await add_entries(redis, stream, 10)
     return stream
 

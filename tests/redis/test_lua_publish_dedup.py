@@ -12,7 +12,7 @@ import pytest
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-from .streams import shard
+from .streams import set_key, shard
 
 WINDOW_MS = 60_000
 
@@ -29,7 +29,7 @@ async def publish(
 @pytest.fixture
 async def stream(scripts: Scripts, keyspace: Keyspace) -> str:
     key = keyspace.stream(shard())
-    assert await scripts.shard_create(keys=[key], args=["billing"]) == 1
+    assert await scripts.shard_create(keys=[key, set_key(key)], args=["sealed", "billing"]) == 1
     return key
 
 

@@ -14,7 +14,7 @@ from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from tests.support import wait_for
 
-from .streams import add_entries, consumers, groups, keys_for, pending_ids, shard, text
+from .streams import add_entries, consumers, groups, keys_for, pending_ids, set_key, shard, text
 
 GROUP = "billing"
 MEMBER = "m-1"
@@ -26,7 +26,7 @@ async def fenced_shard(
 ) -> tuple[str, str]:
     """A shard with GROUP created, and its fence set to ``fence`` (absent if None)."""
     stream, fence_key, _ = keys_for(keyspace, shard(), GROUP)
-    assert await scripts.shard_create(keys=[stream], args=[GROUP]) == 1
+    assert await scripts.shard_create(keys=[stream, set_key(stream)], args=["sealed", GROUP]) == 1
     if fence is not None:
         await redis.set(fence_key, fence)
     return stream, fence_key

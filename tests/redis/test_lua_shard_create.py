@@ -10,7 +10,7 @@ from typing import Any
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-from .streams import add_entries, groups, read_group, shard
+from .streams import add_entries, groups, read_group, set_key, shard
 
 GROUPS = ("billing", "shipping", "audit")
 
@@ -20,7 +20,7 @@ async def test_creates_the_key_and_every_group_with_valid_lag(
 ) -> None:
     stream = keyspace.stream(shard())
 
-    assert await scripts.shard_create(keys=[stream], args=list(GROUPS)) == 1
+    assert await scripts.shard_create(keys=[stream, set_key(stream)], args=["sealed", *GROUPS]) == 1
 
     assert await redis.exists(stream) == 1
     assert await redis.xlen(stream) == 0
@@ -45,7 +45,9 @@ async def test_lag_follows_length_as_entries_arrive(
 ) -> None:
     """ENTRIESREAD 0 matters: lag is never nil, even with 2+ entries before any read."""
     stream = keyspace.stream(shard())
-    assert await scripts.shard_create(keys=[stream], args=["billing"]) == 1
+    assert (
+        await scripts.shard_create(keys=[stream, set_key(stream)], args=["sealed", "billing"]) == 1
+    )
     for n in range(1, 6):
         await add_entries(redis, stream, 1, start=n)
         assert (await groups(redis, stream))["billing"]["lag"] == n
@@ -55,12 +57,19 @@ async def test_lag_follows_length_as_entries_arrive(
 
 async def test_existing_key_is_left_alone(redis: Any, scripts: Scripts, keyspace: Keyspace) -> None:
     stream = keyspace.stream(shard())
-    assert await scripts.shard_create(keys=[stream], args=["billing"]) == 1
+    assert (
+        await scripts.shard_create(keys=[stream, set_key(stream)], args=["sealed", "billing"]) == 1
+    )
     await add_entries(redis, stream, 4)
     await read_group(redis, stream, "billing", "c", 3)
     before = await groups(redis, stream)
 
-    assert await scripts.shard_create(keys=[stream], args=["billing", "shipping"]) == 0
+    assert (
+        await scripts.shard_create(
+            keys=[stream, set_key(stream)], args=["sealed", "billing", "shipping"]
+        )
+        == 0
+    )
 
     assert await groups(redis, stream) == before
     assert await redis.xlen(stream) == 4
@@ -72,13 +81,17 @@ async def test_existing_key_without_groups_gets_none(
     stream = keyspace.stream(shard())
     await redis.xadd(stream, {"n": "1"})
 
-    assert await scripts.shard_create(keys=[stream], args=["billing"]) == 0
+    assert (
+        await scripts.shard_create(keys=[stream, set_key(stream)], args=["sealed", "billing"]) == 0
+    )
     assert await groups(redis, stream) == {}
 
 
 async def test_shards_are_independent(redis: Any, scripts: Scripts, keyspace: Keyspace) -> None:
     first, second = keyspace.stream(shard(index=0)), keyspace.stream(shard(index=1))
-    assert await scripts.shard_create(keys=[first], args=["billing"]) == 1
-    assert await scripts.shard_create(keys=[second], args=["billing"]) == 1
-    assert await scripts.shard_create(keys=[first], args=["billing"]) == 0
+    assert await scripts.shard_create(keys=[first, set_key(first)], args=["sealed", "billing"]) == 1
+    assert (
+        await scripts.shard_create(keys=[second, set_key(second)], args=["sealed", "billing"]) == 1
+    )
+    assert await scripts.shard_create(keys=[first, set_key(first)], args=["sealed", "billing"]) == 0
     assert set(await groups(redis, second)) == {"billing"}

@@ -14,14 +14,14 @@ import pytest
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 
-from .streams import add_entries, entry_ids, groups, read_group, shard, true_lag
+from .streams import add_entries, entry_ids, groups, read_group, set_key, shard, true_lag
 
 FAST = "fast"
 SLOW = "slow"
 
 
 async def trim(scripts: Scripts, stream: str, cap: str = "") -> int:
-    return int(await scripts.trim(keys=[stream], args=[cap]))
+    return int(await scripts.trim(keys=[stream, set_key(stream)], args=[cap]))
 
 
 async def consume(redis: Any, stream: str, group: str, n: int, *, ack: bool = True) -> list[str]:
@@ -37,7 +37,7 @@ async def consume(redis: Any, stream: str, group: str, n: int, *, ack: bool = Tr
 async def stream(scripts: Scripts, keyspace: Keyspace) -> str:
     """A shard with the groups FAST and SLOW, no entries yet."""
     key = keyspace.stream(shard())
-    assert await scripts.shard_create(keys=[key], args=[FAST, SLOW]) == 1
+    assert await scripts.shard_create(keys=[key, set_key(key)], args=["sealed", FAST, SLOW]) == 1
     return key
 
 

@@ -164,7 +164,12 @@ async def test_a_replica_killed_in_every_migration_phase(cluster: Cluster, redis
     await wait_until(fence_passed, 10, "the routing fence", 0.02)
     scripts = Scripts(redis)
     shard = ShardId(STREAM, 1, 0)
-    keys = [key(1), keyspace.fence(shard, GROUP), keyspace.retries(shard, GROUP)]
+    keys = [
+        key(1),
+        keyspace.shard_groups(shard),
+        keyspace.fence(shard, GROUP),
+        keyspace.retries(shard, GROUP),
+    ]
     # The dying replica holds the stream mutex while it runs the check.
     await redis.set(mutex, "dying-replica", px=int(MUTEX_TTL * 1000))
 

@@ -1,33 +1,39 @@
 -- Compare-and-set commit of a group's metadata (PROTOCOL section 3, step 5).
 --
--- The group hash holds a `rev` field (storeRevision), a `header` field (JSON) and one
--- field per member (`m:<member id>`, JSON), so a commit writes only what changed.
--- The write happens only if `rev` still equals the revision the caller loaded (0 for
--- a group that does not exist yet); it then raises `rev` to max(rev + 1, now), so a
--- revision is never issued twice even after Redis lost writes (a failover or restore
--- put an older revision back): replicas cache the group by revision (E19). In the
--- same script the group is recorded in the registry (so a later loss of its metadata
--- is detected, E21) and member leases are set or removed (expiry = now + TTL).
+-- The group hash holds a `rev` field (storeRevision), a `cid` field (the commit id of
+-- the last commit), a `header` field (JSON) and one field per member
+-- (`m:<member id>`, JSON), so a commit writes only what changed. The write happens only
+-- if `rev` and `cid` still equal what the caller loaded (0 and '0' for a group that does
+-- not exist yet); it then raises `rev` to max(rev + 1, now) and stores the caller's new
+-- commit id. The revision a replica caches by is the pair: `rev` alone can repeat when
+-- Redis lost writes (a failover to a replica whose clock is behind, or a restore, put
+-- an older `rev` back and the next commits count up through the lost values), but a
+-- commit id is unique to one commit of one writer (its random writer id and a counter
+-- it never reuses), so (rev, cid) never names two contents (E19). In the same script
+-- the group is recorded in the registry (so a later loss of its metadata is detected,
+-- E21) and member leases are set or removed (expiry = now + TTL).
 --
 -- KEYS[1]  group metadata hash          KEYS[2]  registry of groups (set)
 -- KEYS[3]  member leases (sorted set: member -> expiry ms)
--- ARGV[1]  expected rev                 ARGV[2]  group name
--- ARGV[3]  header JSON ('' = unchanged) ARGV[4]  lease TTL ms
--- ARGV[5]  now (ms, Redis time read by the caller in this critical section)
--- ARGV[6]  n upserts, then n pairs (member id, member JSON)
+-- ARGV[1]  expected rev                 ARGV[2]  expected cid ('0': none)
+-- ARGV[3]  new cid                      ARGV[4]  group name
+-- ARGV[5]  header JSON ('' = unchanged) ARGV[6]  lease TTL ms
+-- ARGV[7]  now (ms, Redis time read by the caller in this critical section)
+-- ARGV[8]  n upserts, then n pairs (member id, member JSON)
 -- then     m deletes, then m member ids
 -- then     k lease renewals, then k member ids
 -- then     z lease removals (members no longer live), then z member ids
 -- then     e expected-expired members: the commit is refused if any of them renewed
 --          its lease in the meantime (score in the future)
 --
--- Returns  {1, new_rev, now_ms}   committed
+-- Returns  {1, new_rev, now_ms}   committed (with the caller's new cid)
 --          {0, current_rev}       conflict: someone else committed first
 --          {-2, member}           a member expected expired holds a live lease
-local cur = tonumber(redis.call('HGET', KEYS[1], 'rev') or '0')
-if cur ~= tonumber(ARGV[1]) then return {0, cur} end
-local now = tonumber(ARGV[5])
-local i = 6
+local stored = redis.call('HMGET', KEYS[1], 'rev', 'cid')
+local cur = tonumber(stored[1] or '0')
+if cur ~= tonumber(ARGV[1]) or (stored[2] or '0') ~= ARGV[2] then return {0, cur} end
+local now = tonumber(ARGV[7])
+local i = 8
 local n = tonumber(ARGV[i]); i = i + 1
 local upserts = {}
 for _ = 1, n do
@@ -51,12 +57,12 @@ for _ = 1, e do
   i = i + 1
 end
 local rev = math.max(cur + 1, now)
-redis.call('HSET', KEYS[1], 'rev', rev)
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'header', ARGV[3]) end
+redis.call('HSET', KEYS[1], 'rev', rev, 'cid', ARGV[3])
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'header', ARGV[5]) end
 if #upserts > 0 then redis.call('HSET', KEYS[1], unpack(upserts)) end
 if #deletes > 0 then redis.call('HDEL', KEYS[1], unpack(deletes)) end
-redis.call('SADD', KEYS[2], ARGV[2])
-local ttl = tonumber(ARGV[4])
+redis.call('SADD', KEYS[2], ARGV[4])
+local ttl = tonumber(ARGV[6])
 for _, member in ipairs(renew) do redis.call('ZADD', KEYS[3], now + ttl, member) end
 for j = 1, m do redis.call('ZREM', KEYS[3], string.sub(deletes[j], 3)) end
 if #unlease > 0 then redis.call('ZREM', KEYS[3], unpack(unlease)) end

@@ -1,0 +1,146 @@
+"""Scale-in after a Redis restart (PROTOCOL §6 step 2): a server of our own with an
+AOF is restarted between the reads and the drain check.
+
+Redis before 7.4 replays a group's reads from the AOF as ``XCLAIM … LASTID``, which
+does not count them: after the reload the group sits at the last entry with
+``entries-read`` back at its creation value, and ``lag`` stays above 0 for good. The
+drain check repairs it (the group has delivered everything: pending 0 and
+last-delivered-id equal to last-generated-id) and a later check retires the shard.
+Servers that keep the counter (Valkey 8.1) retire at the first check.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from streamworks.coordinator import provision
+from streamworks.coordinator.provision import DrainStatus
+from streamworks.redis.client import create_redis
+from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import Scripts
+from streamworks.settings import Settings
+from streamworks.testing.embedded import EmbeddedRedis, find_server_binary
+
+from .streams import add_entries, groups, read_group, shard
+
+GROUPS = ("billing", "shipping")
+
+
+def _binaries() -> list[Any]:
+    out = [pytest.param(find_server_binary(), id="default")]
+    redis_server = shutil.which("redis-server")
+    if redis_server:
+        out.append(pytest.param(redis_server, id="redis-server"))
+    else:
+        out.append(pytest.param("", id="redis-server", marks=pytest.mark.skip("not on PATH")))
+    return out
+
+
+@pytest.fixture(params=_binaries())
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[EmbeddedRedis]:
+    embedded = EmbeddedRedis(binary=request.param, appendonly=True)
+    await anyio.to_thread.run_sync(embedded.start)
+    try:
+        yield embedded
+    finally:
+        await anyio.to_thread.run_sync(embedded.stop)
+
+
+def _lags_counter_on_reload(info: dict[str, Any]) -> bool:
+    """Whether this server keeps `entries-read` across an AOF reload (Redis >= 7.4, or
+    any Valkey)."""
+    if info.get("valkey_version"):
+        return True
+    major, minor = (int(p) for p in str(info["redis_version"]).split(".")[:2])
+    return (major, minor) >= (7, 4)
+
+
+@pytest.mark.seed("E11")
+async def test_a_drained_shard_is_retired_after_a_restart_that_lost_entries_read(
+    server: EmbeddedRedis,
+) -> None:
+    settings = Settings(redis_url=server.url, key_prefix="restart")
+    keyspace = Keyspace(settings.key_prefix)
+    sid = shard("orders", 1)
+    stream = keyspace.stream(sid)
+    redis = create_redis(settings)
+    try:
+        scripts = Scripts(redis)
+        keeps_counter = _lags_counter_on_reload(await redis.info("server"))
+        await provision.create_shards(scripts, keyspace, [sid], list(GROUPS))
+        await add_entries(redis, stream, 8)
+        for g in GROUPS:
+            ids = await read_group(redis, stream, g, "c", 100)
+            await redis.xack(stream, g, *ids)
+        trimmed = await scripts.trim(keys=[stream, keyspace.shard_groups(sid)], args=[""])
+        assert trimmed == 8
+        before = await groups(redis, stream)
+        assert all(g["lag"] == 0 and g["entries-read"] == 8 for g in before.values())
+        assert (
+            await provision.drain_check(scripts, keyspace, sid, GROUPS, mode="check")
+        ).status is (DrainStatus.DRAINED)
+
+        await redis.aclose()
+        await anyio.to_thread.run_sync(server.restart)
+        redis = create_redis(settings)
+        scripts = Scripts(redis)
+
+        after = await groups(redis, stream)
+        assert all(g["last-delivered-id"] == "8-0" and g["pending"] == 0 for g in after.values())
+        if keeps_counter:
+            assert all(g["lag"] == 0 for g in after.values()), after
+            first = await provision.drain_check(scripts, keyspace, sid, GROUPS)
+            assert first.status is DrainStatus.DRAINED, first
+        else:
+            # The reproduction: fully read, nothing pending, and yet lag is not 0.
+            assert all(g["lag"] != 0 for g in after.values()), after
+            first = await provision.drain_check(scripts, keyspace, sid, GROUPS)
+            assert first.status is DrainStatus.REPAIRED, first
+            assert all(f"group {g} lag" in first.reason for g in GROUPS), first.reason
+            assert await redis.exists(stream) == 1  # not retired in the same call
+            repaired = await groups(redis, stream)
+            assert all(g["lag"] == 0 and g["entries-read"] == 8 for g in repaired.values())
+            second = await provision.drain_check(scripts, keyspace, sid, GROUPS)
+            assert second.status is DrainStatus.DRAINED, second
+        assert await redis.exists(stream, keyspace.shard_groups(sid)) == 0
+    finally:
+        await redis.aclose()
+
+
+async def test_repair_mode_fixes_the_lag_of_a_shard_that_stays(server: EmbeddedRedis) -> None:
+    """An ACTIVE shard that lived through the restart: 'repair' makes its lag exact
+    (for status and monitoring) and never deletes it."""
+    settings = Settings(redis_url=server.url, key_prefix="restart")
+    keyspace = Keyspace(settings.key_prefix)
+    sid = shard("orders", 0)
+    stream = keyspace.stream(sid)
+    redis = create_redis(settings)
+    try:
+        scripts = Scripts(redis)
+        keeps_counter = _lags_counter_on_reload(await redis.info("server"))
+        await provision.create_shards(scripts, keyspace, [sid], list(GROUPS))
+        await add_entries(redis, stream, 6)
+        for g in GROUPS:
+            ids = await read_group(redis, stream, g, "c", 100)
+            await redis.xack(stream, g, *ids)
+        await redis.aclose()
+        await anyio.to_thread.run_sync(server.restart)
+        redis = create_redis(settings)
+        scripts = Scripts(redis)
+
+        first = await provision.drain_check(scripts, keyspace, sid, GROUPS, mode="repair")
+        expected = DrainStatus.DRAINED if keeps_counter else DrainStatus.REPAIRED
+        assert first.status is expected, first
+        assert all(g["lag"] == 0 for g in (await groups(redis, stream)).values())
+        again = await provision.drain_check(scripts, keyspace, sid, GROUPS, mode="repair")
+        assert again.status is DrainStatus.DRAINED, again
+        assert await redis.exists(stream, keyspace.shard_groups(sid)) == 2
+        await add_entries(redis, stream, 2, start=7)  # still a live shard: lag counts on
+        assert all(g["lag"] == 2 for g in (await groups(redis, stream)).values())
+    finally:
+        await redis.aclose()

@@ -198,3 +198,30 @@ async def test_an_unsubscribe_is_serialized_with_a_scale_out(
         assert orphans == {key: set() for key in keys}, "an orphan consumer group"
         assert contended.is_set(), "the scale-out ran inside the unsubscribe"
         assert "g" not in await b.store.subscribed_groups(STREAM)
+
+
+async def test_shards_left_provisional_by_a_crash_are_confirmed_by_the_event_loop(
+    settings: Settings, redis: Any, keyspace: Keyspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that dies between a creation's commit and its confirmation of the
+    shards' group sets leaves trimming refused; any replica's event loop confirms them."""
+    async with open_service(fast_settings(settings)) as service:
+
+        async def dies(*args: Any, **kwargs: Any) -> list[ShardId]:
+            raise ConnectionError("the replica died here")
+
+        monkeypatch.setattr(provision, "record_shard_groups", dies)
+        await settle([SimMember("l1", [STREAM])], service, "late")  # joins first
+        with pytest.raises(ConnectionError):
+            await service.create_stream(STREAM, 1)
+        monkeypatch.undo()
+        [key] = await shard_keys(service, keyspace)
+        shard = keyspace.shard_of(key)
+        trim_keys = [key, keyspace.shard_groups(shard)]
+        await redis.xadd(key, {"n": "1"})
+        assert await service.store.scripts.trim(keys=trim_keys, args=[""]) == -4  # unsealed
+
+        await service.tick_streams()
+        assert await redis.smembers(keyspace.shard_groups(shard)) == {b"late"}
+        assert await consume_all(redis, key, "late")
+        assert await service.store.scripts.trim(keys=trim_keys, args=[""]) == 1

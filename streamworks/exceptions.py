@@ -12,7 +12,8 @@ Every error streamworks raises derives from :class:`StreamworksError`::
     │   └── ShardRetiredError              routing kept pointing at retired shards (E16)
     ├── CoordinatorError                   the coordinator answered with an error
     │   └── CoordinatorUnavailableError    no coordinator URL answered, retryable
-    └── NotConnectedError                  publishing from an app with no open connection
+    ├── NotConnectedError                  publishing from an app with no open connection
+    └── StartupError                       an on_startup hook (or the lifespan) failed
 
 Losing a shard is not an error anybody sees: a read refused by the owner fence, or a
 lease that ran out, makes the member stop reading that shard (or pause), and the
@@ -38,6 +39,7 @@ __all__ = (
     "RoutingUnavailableError",
     "ShardRetiredError",
     "Skip",
+    "StartupError",
     "StreamworksError",
 )
 
@@ -105,6 +107,11 @@ class CoordinatorUnavailableError(CoordinatorError):
 
 class NotConnectedError(StreamworksError):
     """The app has no open connection; use ``async with app.connect()``."""
+
+
+class StartupError(StreamworksError):
+    """An ``on_startup`` hook or the app's lifespan raised: the process did not start
+    (the hook's exception is the ``__cause__``)."""
 
 
 class HandlerSignal(Exception):

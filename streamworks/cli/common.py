@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -16,14 +15,18 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from streamworks.app import App
+from streamworks.cli.logs import LEVELS, ContextFilter
+from streamworks.cli.logs import configure_logging as _configure_logging
 from streamworks.exceptions import CoordinatorError, StreamworksError
 from streamworks.settings import Settings
 
 __all__ = (
+    "check_redis_url",
     "configure_logging",
     "coordinator_options",
     "fail",
     "load_app",
+    "logging_options",
     "make_settings",
     "redis_options",
     "run_async",
@@ -69,10 +72,29 @@ def make_settings(**flags: Any) -> Settings:
             value = [u.strip() for u in value.split(",") if u.strip()]
         changes[name] = value
     try:
-        return Settings.model_validate({**settings.model_dump(), **changes})
+        result = Settings.model_validate({**settings.model_dump(), **changes})
     except ValidationError as e:
         fail(f"invalid option: {_first_error(e)}")
         raise
+    check_redis_url(result.redis_url)
+    return result
+
+
+#: URL schemes redis-py connects with.
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def check_redis_url(url: str) -> None:
+    """Exit with one line (code 2) when ``url`` is not a Redis URL."""
+    from urllib.parse import urlsplit
+
+    scheme = urlsplit(url).scheme
+    if scheme not in REDIS_SCHEMES:
+        fail(
+            f"invalid Redis URL {safe_url(url)!r}: it must start with redis://, rediss:// "
+            "or unix:// (--redis or STREAMWORKS_REDIS_URL)",
+            2,
+        )
 
 
 def _first_error(e: ValidationError) -> str:
@@ -89,7 +111,14 @@ def load_app(target: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        fail(f"cannot import module {module_name!r}: {e}")
+        missing = e.name or ""
+        if missing and not _is_target(missing, module_name):
+            # The app module was found; something it imports was not.
+            fail(
+                f"importing {module_name!r} failed: it imports {missing!r}, which is not "
+                f"installed or not on the path ({e})"
+            )
+        fail(f"cannot import module {module_name!r}: {e} (is the module path right?)")
     except Exception as e:  # the user's module raised while importing
         fail(f"importing {module_name!r} failed: {type(e).__name__}: {e}")
     app = getattr(module, attribute, None)
@@ -99,6 +128,11 @@ def load_app(target: str) -> App:
         fail(f"{target} is a {type(app).__name__}, not a streamworks.App")
     assert isinstance(app, App)
     return app
+
+
+def _is_target(missing: str, module_name: str) -> bool:
+    """Whether the missing module is the app module itself or one of its packages."""
+    return module_name == missing or module_name.startswith(missing + ".")
 
 
 def run_async(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
@@ -119,6 +153,8 @@ def run_async(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
             fail(f"Redis: {e}")
         except StreamworksError as e:
             fail(str(e))
+        except ValidationError as e:  # a request model refused an argument
+            fail(f"invalid argument: {_first_error(e)}", 2)
         except KeyboardInterrupt:
             sys.exit(130)
 
@@ -133,12 +169,30 @@ def _has_uvloop() -> bool:
     return True
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+def configure_logging(level: str, fmt: str = "text") -> ContextFilter:
+    """Log to stderr at ``level`` as ``fmt`` (``text`` or ``json``, see cli/logs.py)."""
+    return _configure_logging(level, fmt)
+
+
+def logging_options(default_level: str) -> Callable[[F], F]:
+    """``--log-level`` (a choice, any case) and ``--log-format`` (text or json)."""
+
+    def decorate(fn: F) -> F:
+        fn = click.option(
+            "--log-format",
+            type=click.Choice(["text", "json"], case_sensitive=False),
+            default="text",
+            show_default=True,
+            help="json: one JSON object per line (level, logger, message, group, member, ...)",
+        )(fn)
+        return click.option(
+            "--log-level",
+            type=click.Choice(LEVELS, case_sensitive=False),
+            default=default_level,
+            show_default=True,
+        )(fn)
+
+    return decorate
 
 
 def safe_url(url: str) -> str:

@@ -14,6 +14,7 @@ import uvicorn
 from streamworks.cli.common import (
     configure_logging,
     fail,
+    logging_options,
     make_settings,
     redis_options,
     run_async,
@@ -39,14 +40,16 @@ log = logging.getLogger("streamworks.cli")
     "--viewer-token",
     help="read-only token of the /ui dashboard [env STREAMWORKS_VIEWER_TOKEN]",
 )
-@click.option("--log-level", default="INFO", show_default=True)
-def coordinator(host: str | None, port: int | None, log_level: str, **flags: Any) -> None:
+@logging_options("INFO")
+def coordinator(
+    host: str | None, port: int | None, log_level: str, log_format: str, **flags: Any
+) -> None:
     """Run one coordinator replica. Run as many as you like against one Redis.
 
     SIGTERM enters terminating mode: /readyz fails, new critical sections are refused
     with the retryable COORDINATOR_TERMINATING, in-flight ones finish, then it exits.
     """
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     settings = make_settings(**flags)
     changes = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     if changes:
@@ -64,6 +67,15 @@ async def _run(settings: Settings) -> None:
         except Exception as e:
             fail(f"cannot reach Redis at {safe_url(settings.redis_url)}: {e}")
         host, port = settings.coordinator.host, settings.coordinator.port
+        try:
+            sock = bind_listener(host, port)
+        except OSError as e:
+            fail(
+                f"cannot listen on {host}:{port}: {e.strerror or e} (another process, maybe "
+                "a coordinator, uses it: choose another with --port)",
+                2,
+            )
+        port = sock.getsockname()[1]
         service = CoordinatorService(redis, settings, replica=f"{socket.gethostname()}:{port}")
         config = uvicorn.Config(
             create_api(service),
@@ -76,7 +88,7 @@ async def _run(settings: Settings) -> None:
         server = QuietServer(config)
         async with anyio.create_task_group() as tg:
             tg.start_soon(service.run_loop)
-            tg.start_soon(_serve, server, tg.cancel_scope)
+            tg.start_soon(_serve, server, tg.cancel_scope, sock)
             with anyio.fail_after(10):
                 while not server.started and not server.should_exit:  # noqa: ASYNC110
                     await anyio.sleep(0.01)  # uvicorn exposes no started event
@@ -100,6 +112,20 @@ async def _run(settings: Settings) -> None:
         await redis.aclose()
 
 
-async def _serve(server: QuietServer, scope: anyio.CancelScope) -> None:
-    await server.serve()
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a port in use is one clear error (uvicorn
+    would log a traceback and exit with code 3)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def _serve(server: QuietServer, scope: anyio.CancelScope, sock: socket.socket) -> None:
+    await server.serve(sockets=[sock])
     scope.cancel()  # the server stopped (signal handled, or it failed to start)

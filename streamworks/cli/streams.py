@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 from typing import Any
 
 import anyio
 import click
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from streamworks.cli.client import coordinator_client
 from streamworks.cli.common import coordinator_options, fail, make_settings, run_async
-from streamworks.cli.render import stream_table
+from streamworks.cli.output import make_console
+from streamworks.cli.render import fence_left, stream_table
+from streamworks.exceptions import ConfigurationError
+from streamworks.protocol.shards import validate_name
 from streamworks.settings import Settings
 
-console = Console()
+console = make_console()
 
 
 @click.group()
@@ -29,6 +33,7 @@ def streams() -> None:
 @coordinator_options
 def create(name: str, shards: int, **flags: Any) -> None:
     """Create stream NAME with a number of shards (admin token)."""
+    _check_name(name)
 
     async def run(settings: Settings) -> None:
         async with coordinator_client(settings) as client:
@@ -37,6 +42,13 @@ def create(name: str, shards: int, **flags: Any) -> None:
         console.print(f"{verb} stream [b]{info.name}[/b] with {info.shard_count} shards")
 
     run_async(run)(make_settings(**flags))
+
+
+def _check_name(name: str) -> None:
+    try:
+        validate_name("stream", name)
+    except ConfigurationError as e:
+        fail(str(e), 2)
 
 
 @streams.command("ls")
@@ -51,12 +63,15 @@ def ls(as_json: bool, **flags: Any) -> None:
         if as_json:
             click.echo(status.model_dump_json(by_alias=True, include={"streams"}))
             return
+        if not status.streams:
+            console.print(f"no streams yet at {', '.join(settings.coordinator_urls)}")
         for s in status.streams:
             states: dict[str, int] = {}
             for shard in s.shards:
                 states[shard.state] = states.get(shard.state, 0) + 1
             summary = ", ".join(f"{n} {state.lower()}" for state, n in sorted(states.items()))
-            migration = f"  migration {s.migration.get('phase')}" if s.migration else ""
+            phase = (s.migration or {}).get("phase", "NONE")
+            migration = f"  migration {phase}" if phase != "NONE" else ""
             console.print(f"{s.name:30s} {s.shard_count:5d} shards ({summary}){migration}")
 
     run_async(run)(make_settings(**flags))
@@ -113,9 +128,13 @@ def scale(name: str, shards: int, wait: bool, timeout: float | None, **flags: An
 
 
 async def _follow(client: Any, name: str, timeout: float | None) -> None:
-    """Show the migration's progress until no shard of ``name`` is draining."""
+    """Show the migration's progress until no shard of ``name`` is draining: a live
+    table on a terminal; when piped, one line per change, then the final table."""
     started = anyio.current_time()
-    with Live(console=console, refresh_per_second=4) as live:
+    live = Live(console=console, refresh_per_second=4) if console.is_terminal else None
+    last_line = ""
+    stream: Any = None
+    with live if live is not None else contextlib.nullcontext():
         while True:
             status = await client.status()
             stream = next((s for s in status.streams if s.name == name), None)
@@ -123,21 +142,51 @@ async def _follow(client: Any, name: str, timeout: float | None) -> None:
                 fail(f"unknown stream {name!r}")
                 return
             draining = [s for s in stream.shards if s.state == "DRAINING"]
-            live.update(_progress_view(stream, draining, anyio.current_time() - started))
+            elapsed = anyio.current_time() - started
+            if live is not None:
+                live.update(_progress_view(stream, draining, elapsed))
+            else:
+                line = _progress_line(stream, draining)
+                if line != last_line:
+                    console.print(f"{elapsed:5.0f}s  {line}", highlight=False)
+                    last_line = line
             if not draining:
                 break
-            if timeout is not None and anyio.current_time() - started > timeout:
+            if timeout is not None and elapsed > timeout:
+                if live is None:
+                    console.print(_progress_view(stream, draining, elapsed))
                 fail(f"{name}: still draining after {timeout:.0f}s (see the table above)")
             await anyio.sleep(0.5)
     console.print(f"[green]migration of {name} complete[/] ({stream.shard_count} shards)")
 
 
+def _progress_line(stream: Any, draining: list[Any]) -> str:
+    """The migration's state in a line that changes only when something happens
+    (the fence countdown in 5 s steps)."""
+    if not draining:
+        return "drained: no shard left to retire"
+    migration = stream.migration or {}
+    phase = migration.get("phase", "NONE")
+    if phase == "FENCING":
+        left = fence_left(migration)
+        step = f"{5 * math.ceil(left / 5):.0f}s" if left is not None else "?"
+        return f"FENCING: routing fence in ~{step}; {len(draining)} shards draining"
+    waiting = migration.get("blocked") or {}
+    return f"{phase}: {len(draining)} shards draining, {len(waiting)} waiting"
+
+
 def _progress_view(stream: Any, draining: list[Any], elapsed: float) -> Table:
     migration = stream.migration or {}
+    phase = migration.get("phase", "NONE")
+    fence = ""
+    if phase == "FENCING":
+        left = fence_left(migration)
+        if left is not None:
+            # The shards stay unchecked until no producer can hold the old routing.
+            fence = f", routing fence in {left:.0f}s (drain checks start then)"
     table = Table(
         title=(
-            f"{stream.name}: phase {migration.get('phase', 'NONE')}, "
-            f"{len(draining)} shards draining, {elapsed:.0f}s"
+            f"{stream.name}: phase {phase}{fence}, {len(draining)} shards draining, {elapsed:.0f}s"
         ),
         title_justify="left",
     )

@@ -16,11 +16,13 @@ from streamworks.cli.common import (
     coordinator_options,
     fail,
     load_app,
+    logging_options,
     make_settings,
     redis_options,
     run_async,
     safe_url,
 )
+from streamworks.cli.logs import ContextFilter
 from streamworks.redis.client import create_redis
 from streamworks.runtime.process import open_worker
 from streamworks.settings import Settings
@@ -33,25 +35,28 @@ log = logging.getLogger("streamworks.cli")
 @click.option("--concurrency", type=click.IntRange(1, 100_000), help="override every handler's")
 @redis_options
 @coordinator_options
-@click.option("--log-level", default="INFO", show_default=True)
-def worker(target: str, concurrency: int | None, log_level: str, **flags: Any) -> None:
+@logging_options("INFO")
+def worker(
+    target: str, concurrency: int | None, log_level: str, log_format: str, **flags: Any
+) -> None:
     """Run one member of the app's group: read its shards, run its handlers.
 
     SIGTERM or Ctrl-C stops gracefully (finish in-flight work, ack, leave the group);
     a second signal exits at once (unfinished work stays pending for the next owner).
     """
-    configure_logging(log_level)
+    context = configure_logging(log_level, log_format)
     app = load_app(target)
+    context.fields["group"] = app.name
     if not app.handlers:
         fail(f"{target} declares no handlers: nothing to consume")
     settings = make_settings(**flags)
     if concurrency is not None:
         for spec in app.handlers.values():
             spec.concurrency = concurrency
-    run_async(_run)(app, settings)
+    run_async(_run)(app, settings, context)
 
 
-async def _run(app: App, settings: Settings) -> None:
+async def _run(app: App, settings: Settings, context: ContextFilter) -> None:
     redis = create_redis(settings)
     try:
         try:
@@ -59,6 +64,7 @@ async def _run(app: App, settings: Settings) -> None:
         except Exception as e:
             fail(f"cannot reach Redis at {safe_url(settings.redis_url)}: {e}")
         async with open_worker(app, settings, redis=redis) as member:
+            context.fields["member"] = member.member_id
             log.info(
                 "member %s of group %s started (handlers: %s; coordinator: %s)",
                 member.member_id,

@@ -57,6 +57,7 @@ def _rules(role: Role, prefix: str) -> list[str]:
             f"(~{keys.dead_letters_pattern()} +xadd)",
             f"(~{keys.dead_letter_marker_pattern()} +get +set)",
             f"(~{keys.dead_letters_pattern()} ~{keys.dead_letter_marker_pattern()} +evalsha +eval)",
+            f"(~{keys.redelivery_pattern()} +xdel)",  # replayed dead letters, once acked
             f"(~{keys.idempotency_pattern()} +set +get +del +pexpire)",  # idempotency store
         ]  # fmt: skip
     if role == "producer":

@@ -9,6 +9,9 @@ Hash tags decide which keys share a Redis Cluster slot:
   fences and retry records, and its publish dedup records, so the fenced read, the
   takeover claim, the idempotent publish, trimming and the drain-and-retire check
   each run as one script in the shard's slot;
+* each group's redelivery stream of a shard (``dlq replay`` writes there, only that
+  group's owner of the shard reads it) shares the shard's tag too, so the owner's
+  fenced read of it checks the same owner fence;
 * dead-letter streams and idempotency records are spread by their own names.
 """
 
@@ -85,18 +88,28 @@ class Keyspace:
         :attr:`SHARD_GROUPS_UNSEALED` until the coordinator has confirmed the list."""
         return f"{self.shard_tag(shard)}:groups"
 
+    # -- per-group redelivery (dlq replay): in the shard's slot ---------------------------
+    def redelivery(self, shard: ShardId, group: str) -> str:
+        """Stream of dead letters replayed to ``group`` only, read by its shard owner."""
+        return f"{self.shard_tag(shard)}:redeliver:{group}"
+
+    def redelivery_retries(self, shard: ShardId, group: str) -> str:
+        """Retry records (as :meth:`retries`) of entries of the redelivery stream."""
+        return f"{self.shard_tag(shard)}:redeliver:{group}:retry"
+
     # -- per group --------------------------------------------------------------------
     def dead_letters(self, group: str, stream: str) -> str:
         """Dead-letter stream of ``group`` for messages of ``stream``."""
         return f"{self.prefix}:dlq:{{{group}:{stream}}}"
 
-    def dead_letter_marker(self, group: str, stream: str, shard: str, entry_id: str) -> str:
-        """Marker that the entry ``entry_id`` of ``shard`` has been dead-lettered by
-        ``group`` (it holds the dead-letter entry's id): in the dead-letter stream's
-        slot, so writing the entry at most once is one script (``dead_letter.lua``).
-        Its own family (not under ``dlq:``), so a scan for dead-letter streams never
-        meets one."""
-        return f"{self.prefix}:dlq-written:{{{group}:{stream}}}:{shard}:{entry_id}"
+    def dead_letter_marker(self, group: str, stream: str, source: str, entry_id: str) -> str:
+        """Marker that entry ``entry_id`` of the key ``source`` (the shard stream or a
+        redelivery stream it was read from) has been dead-lettered by ``group`` (it
+        holds the dead-letter entry's id). In the dead-letter stream's slot (the first
+        hash tag decides; ``source``'s own tag comes after it), so writing the entry at
+        most once is one script (``dead_letter.lua``). Its own family (not under
+        ``dlq:``), so a scan for dead-letter streams never meets one."""
+        return f"{self.prefix}:dlq-written:{{{group}:{stream}}}:{source}:{entry_id}"
 
     def idempotency(self, group: str, key: str) -> str:
         """Default idempotency store record for a handler's idempotency key."""
@@ -157,6 +170,10 @@ class Keyspace:
     def shard_groups_pattern(self) -> str:
         """Every shard's set of groups that must exist on it (:meth:`shard_groups`)."""
         return f"{{{self.prefix}:*}}:groups"
+
+    def redelivery_pattern(self) -> str:
+        """Every per-group redelivery stream and its retry records (:meth:`redelivery`)."""
+        return f"{{{self.prefix}:*}}:redeliver:*"
 
     def dedup_pattern(self) -> str:
         """Every shard-level publish dedup record (:meth:`dedup`)."""

@@ -34,6 +34,7 @@ SCRIPT_NAMES = (
     "prune_consumers",
     "publish_dedup",
     "read",
+    "redeliver",
     "retire",
     "retry_record",
     "shard_create",
@@ -63,6 +64,7 @@ class Scripts:
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
     read: AsyncScript
+    redeliver: AsyncScript
     retire: AsyncScript
     retry_record: AsyncScript
     shard_create: AsyncScript

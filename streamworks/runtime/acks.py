@@ -81,6 +81,8 @@ class Acker:
                 for i in range(0, len(messages), self._max_batch):
                     chunk = messages[i : i + self._max_batch]
                     commands.append(["XACK", reader.stream_key, group, *[m._rid for m in chunk]])
+                    if reader.deletes_acked:
+                        commands.append(["XDEL", reader.stream_key, *[m._rid for m in chunk]])
                 retried = retried_by_reader.get(reader)
                 if retried:
                     commands.append(["HDEL", reader.retry_key, *retried])

@@ -130,11 +130,24 @@ async def _ensure_stream(
     delay = 0.1
     while True:
         try:
-            await coordinator.ensure_stream(name, shards)
-            return
+            info = await coordinator.ensure_stream(name, shards)
         except CoordinatorError as e:
             if not e.retryable or anyio.current_time() + delay > deadline:
                 raise
-            log.warning("coordinator not ready (%s); retrying in %.1fs", e.code, delay)
+            # Where and why (e.message names the URLs tried), so a wrong URL shows.
+            log.warning("coordinator not ready: %s; retrying in %.1fs", e, delay)
             await anyio.sleep(delay)
             delay = min(delay * 2, 2.0)
+            continue
+        if not info.created and info.shard_count != shards:
+            log.warning(
+                "stream %r has %d shards but the app declares shards=%d: a declaration "
+                "never rescales an existing stream; to rescale it: "
+                "streamworks streams scale %s --shards %d",
+                name,
+                info.shard_count,
+                shards,
+                name,
+                shards,
+            )
+        return

@@ -10,9 +10,9 @@ Dead-lettering a message takes three steps, each safe to repeat after a crash:
    dead-letter entry. Every retry record (attempt counts, due times, run counters) is
    written through the same fenced script.
 2. **write** the dead-letter entry with ``dead_letter.lua``: a marker in the
-   dead-letter stream's own slot (:meth:`Keyspace.dead_letter_marker`) is checked and
-   set in the same script as the ``XADD``, so a second write of the same entry writes
-   nothing.
+   dead-letter stream's own slot (:meth:`Keyspace.dead_letter_marker`, per group,
+   source key and entry id) is checked and set in the same script as the ``XADD``, so
+   a second write of the same entry writes nothing.
 3. **ack** the entry (its retry record is deleted with the ack).
 
 An owner that crashes between 1 and 3 leaves the entry pending with its final
@@ -129,8 +129,12 @@ class DeadLetters:
         return await self._append(message, fields)
 
     async def _append(self, message: Message, fields: Fields) -> Written:
+        reader = message._reader
+        assert reader is not None
+        # Keyed by the key the entry was read from: a shard stream and a redelivery
+        # stream of the same shard may hold entries with the same id.
         marker = self._keyspace.dead_letter_marker(
-            self._group, message.stream, message.shard, message.id
+            self._group, message.stream, reader.stream_key, message.id
         )
         args: list[Any] = [MARKER_TTL_MS]
         for name, value in fields.items():

@@ -13,7 +13,8 @@ dispatcher gives it a turn:
    dead-lettered (``crashed``) instead of looping forever;
 4. idempotency — with ``idempotency_key=``, a key already completed means a
    duplicate: ack without calling the handler (E23);
-5. the handler — async in place, sync in a worker thread; ``Skip`` acks;
+5. the handler — async in place, sync in a worker thread, inside the app's
+   middleware if it has any (``streamworks/middleware.py``); ``Skip`` acks;
    ``Retry``, any exception (even ``SystemExit`` or a ``CancelledError`` the handler
    raised itself) and timeouts count as failed attempts — a handler cannot take the
    worker down;
@@ -35,6 +36,7 @@ import anyio
 from redis.exceptions import RedisError
 
 from streamworks.exceptions import DecodeError, Retry, Skip
+from streamworks.middleware import HandlingChain
 from streamworks.runtime.dead_letter import (
     DeadLetters,
     Written,
@@ -131,8 +133,11 @@ class HandlerRuntime:
         self.statistics = HandlerStatistics()
         self._letters = DeadLetters(worker.scripts, worker.keyspace, worker.group, spec.stream)
         self.dead_letter_key = self._letters.key
+        # The app's middleware around this handler (None without any: the plain path).
+        self._middleware = HandlingChain.build(self.app.middleware, self._call)
         simple = (
-            self.plan.is_async
+            self._middleware is None
+            and self.plan.is_async
             and spec.timeout is None
             and spec.idempotency_key is None
             and not self.plan.wants_context
@@ -222,7 +227,7 @@ class HandlerRuntime:
             except DecodeError as e:
                 return await self._dead_letter(message, "poison", str(e))
         context: Context | None = None
-        if plan.wants_context or self.spec.idempotency_key is not None:
+        if plan.wants_context or self.spec.idempotency_key is not None or self._middleware:
             context = Context(self.app, message, self._logger, self.worker.member_id)
         idem_key: str | None = None
         if self.spec.idempotency_key is not None:
@@ -240,7 +245,11 @@ class HandlerRuntime:
                 if outcome is not _CLAIMED:
                     return outcome  # type: ignore[return-value]
         try:
-            await self._call(value, message, context)
+            if self._middleware is None:
+                await self._call(value, message, context)
+            else:
+                assert context is not None
+                await self._middleware.run(context, value)
         except Skip:
             self.statistics.skipped += 1
         except Retry as signal:
@@ -452,6 +461,8 @@ class HandlerRuntime:
                 reason,
                 _clip(recorded.get("error", ""), 200),
             )
+            if self._middleware is not None:
+                await self._middleware.dead_lettered(message, reason, recorded.get("error", ""))
         self.acker.ack(message)
         return None
 

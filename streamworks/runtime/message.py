@@ -142,9 +142,14 @@ class Message:
 
 
 class Context:
-    """Per-message context: the message, its idempotency key, a logger, and publishing."""
+    """Per-message context: the message, its idempotency key, a logger, and publishing.
 
-    __slots__ = ("app", "idempotency_key", "logger", "member_id", "message")
+    Attributes:
+        value: the decoded value the handler receives (None when it takes none);
+            set when the app has middleware, which may replace it.
+    """
+
+    __slots__ = ("app", "idempotency_key", "logger", "member_id", "message", "value")
 
     def __init__(
         self,
@@ -158,6 +163,7 @@ class Context:
         self.logger = logger
         self.member_id = member_id  # the worker (group member) handling the message
         self.idempotency_key: str | None = None
+        self.value: Any = None
 
     async def publish(
         self,

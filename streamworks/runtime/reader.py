@@ -57,6 +57,10 @@ class ReaderState:
 class ShardReader:
     """Reads one shard for one group and feeds its handler's dispatcher."""
 
+    #: Acked entries are also deleted (``XDEL``): only for a group's private redelivery
+    #: stream (``runtime/redelivery.py``); shard entries are trimmed, never deleted (E12).
+    deletes_acked = False
+
     def __init__(self, worker: Worker, shard: ShardId, token: str, runtime: HandlerRuntime):
         keyspace = worker.keyspace
         self.worker = worker

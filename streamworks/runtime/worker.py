@@ -30,6 +30,7 @@ from streamworks.runtime.execution import HandlerRuntime
 from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencyStore
 from streamworks.runtime.lease import Lease
 from streamworks.runtime.reader import ReaderState, ShardReader
+from streamworks.runtime.redelivery import Redelivery
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class Worker:
             for stream, spec in app.handlers.items()
         }
         self.readers: dict[ShardId, ShardReader] = {}
+        self.redelivery = Redelivery(self)  # dead letters replayed to this group only
         self.revoking: set[ShardId] = set()
         self.fenced: set[ShardId] = set()
         self.retired: set[ShardId] = set()
@@ -117,6 +119,7 @@ class Worker:
                 for runtime in self.handlers.values():
                     tg.start_soon(runtime.dispatcher.run)
                 tg.start_soon(self._trim_loop)
+                tg.start_soon(self.redelivery.run)
                 tg.start_soon(self._lease_watchdog)
                 await tg.start(self._run_assignment)
                 task_status.started()
@@ -243,6 +246,7 @@ class Worker:
 
     def reader_stopped(self, reader: ShardReader) -> None:
         """Called by a reader that stopped (drained, fenced, retired, ...)."""
+        self.redelivery.reader_stopped(reader)
         if reader.stop_reason == ReaderState.FENCED:
             self.fenced.add(reader.shard)
         elif reader.stop_reason == ReaderState.RETIRED:

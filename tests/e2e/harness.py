@@ -205,13 +205,19 @@ class Cluster:
         )
 
     async def cli(
-        self, *args: str, env: Mapping[str, str] | None = None, timeout: float = 30
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 30,
+        input: bytes | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
-        """Run one ``streamworks`` command to completion."""
+        """Run one ``streamworks`` command to completion (stdin: ``input``, else
+        nothing: never a terminal)."""
         extra = {"STREAMWORKS_COORDINATOR_URLS": ",".join(c.url for c in self.coordinators)}
         with anyio.fail_after(timeout):
             return await anyio.run_process(
                 [sys.executable, "-m", "streamworks", *args],
+                input=input,
                 env=self.env({**extra, **(env or {})}),
                 cwd=REPO,
                 check=False,

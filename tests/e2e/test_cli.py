@@ -142,8 +142,9 @@ async def test_streams_and_status_against_a_live_coordinator(cluster: Cluster) -
 
 async def test_dlq_ls_show_replay_purge(cluster: Cluster, redis: Any) -> None:
     """A handler that keeps failing dead-letters its events after ``max_attempts``;
-    ``dlq ls`` and ``show`` list them, ``replay`` re-publishes one through routing
-    (a new entry, handled once it can succeed) and ``purge`` drops the rest."""
+    ``dlq ls`` and ``show`` list them, ``replay`` hands one back to the group through
+    its redelivery stream of the key's shard (a new entry, handled once it can
+    succeed) and ``purge`` drops the rest."""
     coordinator = cluster.start_coordinator()
     await wait_ready(coordinator)
     await create_stream(cluster)
@@ -184,7 +185,7 @@ async def test_dlq_ls_show_replay_purge(cluster: Cluster, redis: Any) -> None:
 
         await wait_until(handled, 15, f"{healed} handled after the replay")
         (done,) = [p for p in await processings(redis, cluster.prefix) if p.end is not None]
-        # Re-published through routing: a new entry, on the shard its key routes to.
+        # Redelivered through routing: a new entry, on the shard its key routes to.
         assert done.entry != first[b"entry_id"].decode()
         assert done.shard == first[b"shard"].decode()
         assert done.attempt == 1
@@ -213,7 +214,10 @@ async def test_dev_starts_prints_its_coordinator_and_stops_on_sigint(cluster: Cl
     the printed URL answers; Ctrl-C (SIGINT) stops everything, including its Redis."""
     # A test Redis named in its environment must not be used: dev runs its own.
     env = {**WIDE, "STREAMWORKS_TEST_REDIS_URL": cluster.redis_url}
-    dev = cluster.start("dev", "dev", "examples.orders.app:app", "--workers", "2", env=env)
+    port = free_port()
+    dev = cluster.start(
+        "dev", "dev", "examples.orders.app:app", "--workers", "2", "--port", str(port), env=env
+    )
 
     async def printed_url() -> tuple[str, str] | None:
         if not dev.alive():
@@ -223,6 +227,8 @@ async def test_dev_starts_prints_its_coordinator_and_stops_on_sigint(cluster: Cl
 
     url, redis_url = await wait_until(printed_url, 30, "dev to print its coordinator URL", 0.1)
     assert redis_url != cluster.redis_url
+    assert url == f"http://127.0.0.1:{port}"  # the fixed --port
+    assert f"key prefix: {cluster.prefix}" in dev.output()  # printed, not random
     async with CoordinatorClient([url]) as client:
 
         async def two_members() -> bool:

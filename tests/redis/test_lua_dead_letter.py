@@ -23,7 +23,7 @@ TTL_MS = 60_000
 
 def marker_and_dlq(keyspace: Keyspace, entry_id: str = "1-0") -> tuple[str, str]:
     return (
-        keyspace.dead_letter_marker(GROUP, "orders", str(shard()), entry_id),
+        keyspace.dead_letter_marker(GROUP, "orders", keyspace.stream(shard()), entry_id),
         keyspace.dead_letters(GROUP, "orders"),
     )
 
@@ -31,6 +31,7 @@ def marker_and_dlq(keyspace: Keyspace, entry_id: str = "1-0") -> tuple[str, str]
 async def test_the_marker_shares_the_dead_letter_streams_slot(keyspace: Keyspace) -> None:
     marker, dlq = marker_and_dlq(keyspace)
     assert key_slot(marker.encode()) == key_slot(dlq.encode())
+    assert key_slot(marker.encode()) != key_slot(keyspace.stream(shard()).encode())
 
 
 async def test_a_dead_letter_is_written_once_per_entry(

@@ -19,7 +19,7 @@ def every_key(ks: Keyspace) -> dict[str, str]:
         "retries": ks.retries(SHARD, "g"),
         "dedup": ks.dedup(SHARD, "evt-1"),
         "dead_letters": ks.dead_letters("g", "orders"),
-        "dead_letter_marker": ks.dead_letter_marker("g", "orders", str(SHARD), "1-0"),
+        "dead_letter_marker": ks.dead_letter_marker("g", "orders", ks.stream(SHARD), "1-0"),
         "idempotency": ks.idempotency("g", "k:1"),
         "group_meta": ks.group_meta("g"),
         "group_mutex": ks.group_mutex("g"),

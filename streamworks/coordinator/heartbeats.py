@@ -174,7 +174,9 @@ class HeartbeatHandler:
                     if result.changed_members
                     else self.replica.group_streams(group_id, loaded.rev, group)
                 )
-                subscribed = {n: m for n, m in metas.items() if n in wanted}
+                # Streams that do not exist yet are included: the subscription is
+                # recorded, so the stream is created with this group's consumer groups.
+                subscribed = {n: loaded_streams[n] for n in wanted if n in loaded_streams}
                 if result.is_noop and loaded.rev:
                     await self.subscriptions.ensure(group_id, subscribed, starts)
                     if not result.renews_lease:

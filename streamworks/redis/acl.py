@@ -50,10 +50,14 @@ def _rules(role: Role, prefix: str) -> list[str]:
             "+exists", "+get", "+xreadgroup", "+xrevrange", "+xautoclaim", "+xpending",
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
-            "+hget", "+hset", "+hdel",  # retry records
+            "+hget", "+hset", "+hdel", "+hincrby",  # retry records (fenced in scripts)
             f"(~{keys.shard_groups_pattern()} +smembers)",  # groups that must exist (trim.lua)
             dedup,  # idempotent publish from a handler
-            f"(~{keys.dead_letters_pattern()} +xadd)",  # dead letters
+            # dead letters, written at most once (dead_letter.lua: the script call needs
+            # both keys in one selector, its commands each their own)
+            f"(~{keys.dead_letters_pattern()} +xadd)",
+            f"(~{keys.dead_letter_marker_pattern()} +get +set)",
+            f"(~{keys.dead_letters_pattern()} ~{keys.dead_letter_marker_pattern()} +evalsha +eval)",
             f"(~{keys.redelivery_pattern()} +xdel)",  # replayed dead letters, once acked
             f"(~{keys.idempotency_pattern()} +set +get +del +pexpire)",  # idempotency store
             f"(~{keys.namespace()} +get)",  # namespace identity check

@@ -38,6 +38,13 @@ from redis.exceptions import RedisError
 
 from streamworks.exceptions import DecodeError, Retry, Skip
 from streamworks.middleware import HandlingChain
+from streamworks.runtime.dead_letter import (
+    DeadLetters,
+    Written,
+    fenced_count_run,
+    fenced_retry_record,
+    original_fields,
+)
 from streamworks.runtime.dispatcher import Dispatcher, Outcome
 from streamworks.runtime.failures import TracebackLog, traceback_text
 from streamworks.runtime.handler import HandlerSpec, bind_arguments
@@ -127,7 +134,8 @@ class HandlerRuntime:
         self.acker = acker
         self.idempotency = idempotency
         self.statistics = HandlerStatistics()
-        self.dead_letter_key = worker.keyspace.dead_letters(worker.group, spec.stream)
+        self._letters = DeadLetters(worker.scripts, worker.keyspace, worker.group, spec.stream)
+        self.dead_letter_key = self._letters.key
         # The app's middleware around this handler (None without any: the plain path).
         self._middleware = HandlingChain.build(self.app.middleware, self._call)
         simple = (
@@ -175,6 +183,8 @@ class HandlerRuntime:
             # paused): never start it; it stays pending for the shard's owner.
             self._dropped(message)
             return None
+        if message._dead_letter is not None:  # its final failure is recorded: finish it
+            return await self._settle_dead_letter(message, await self._letters.resume(message))
         if message._error is not None:
             return await self._dead_letter(message, "poison", message._error)
         if message._claimed and await self._count_run(message):
@@ -219,6 +229,8 @@ class HandlerRuntime:
         if not reader.accepting or not self._lease.valid():
             self._dropped(message)  # revoked/lease lost while queued: leave it pending
             return None
+        if message._dead_letter is not None:  # its final failure is recorded: finish it
+            return await self._settle_dead_letter(message, await self._letters.resume(message))
         if message._error is not None:
             return await self._dead_letter(message, "poison", message._error)
         if message._claimed and await self._count_run(message):
@@ -323,12 +335,14 @@ class HandlerRuntime:
         assert reader is not None
         message._claimed = False
         try:
-            runs = int(
-                await self.worker.redis.hincrby(reader.retry_key, message._rid + b":runs", 1)
-            )
+            counted = await fenced_count_run(self.worker.scripts, reader, message._rid + b":runs")
         except RedisError as e:
             log.warning("could not count the run of %s: %s", message.id, e)
             return False
+        if counted is None:  # the shard has another owner now: not ours to run
+            self._dropped(message)
+            return True
+        runs = counted
         message._retry_record = True
         # The first delivery's run may or may not have started, so it is not counted:
         # a message that kills its worker every time gets max_attempts runs after it.
@@ -409,8 +423,12 @@ class HandlerRuntime:
         reader = message._reader
         assert reader is not None
         try:
-            # Persisted so the attempt count and backoff survive this member's crash.
-            await self.worker.redis.hset(reader.retry_key, message._rid, f"{failures}:{due_ms}")
+            # Persisted so the attempt count and backoff survive this member's crash;
+            # only by the shard's owner (fenced).
+            record = f"{failures}:{due_ms}"
+            if not await fenced_retry_record(self.worker.scripts, reader, message._rid, record):
+                self._dropped(message)  # the shard has another owner now
+                return None
             message._retry_record = True
         except RedisError as e:
             log.warning("could not persist retry record of %s: %s", message.id, e)
@@ -434,15 +452,7 @@ class HandlerRuntime:
         traceback of ``exception``, the last attempt's, when there is one)."""
         reader = message._reader
         assert reader is not None
-        fields: dict[str | bytes, Any] = {}
-        raw = message._fields
-        if isinstance(raw, list):
-            for i in range(0, len(raw) - 1, 2):
-                name = raw[i]
-                value = raw[i + 1]
-                fields[b"o." + (name if isinstance(name, bytes) else str(name).encode())] = (
-                    value if isinstance(value, bytes) else str(value).encode()
-                )
+        fields = original_fields(message._fields)
         text = error[:_MAX_ERROR]  # a hard cap on the entry's size
         fields.update(
             {
@@ -461,19 +471,31 @@ class HandlerRuntime:
         )
         if exception is not None:
             fields["traceback"] = traceback_text(exception)  # at most 8 KB (failures.py)
-        try:
-            await self.worker.redis.xadd(self.dead_letter_key, fields)
-        except RedisError as e:
-            log.warning("dead-letter write of %s failed (%s); will retry", message.id, e)
+        return await self._settle_dead_letter(message, await self._letters.write(message, fields))
+
+    async def _settle_dead_letter(self, message: Message, written: Written) -> Outcome:
+        """Ack a dead-lettered message (``dead_letter.py`` wrote its entry, now or
+        before); drop one whose shard moved on; try again after Redis trouble."""
+        if written is Written.FENCED:
+            self._dropped(message)  # the next owner dead-letters it (or has)
+            return None
+        if written is Written.FAILED:
             return self._clock.monotonic() + _INFRA_RETRY
-        self.statistics.dead_lettered += 1
-        if self._middleware is not None:
-            await self._middleware.dead_lettered(message, reason, text)
-        if reason == "poison":
-            self.statistics.poison += 1
-        log.warning(
-            "dead-lettered %s %s (%s): %s", message.shard, message.id, reason, _clip(error, 200)
-        )
+        recorded = message._dead_letter or {}
+        reason = recorded.get("reason", "")
+        if written is Written.NOW:
+            self.statistics.dead_lettered += 1
+            if reason == "poison":
+                self.statistics.poison += 1
+            log.warning(
+                "dead-lettered %s %s (%s): %s",
+                message.shard,
+                message.id,
+                reason,
+                _clip(recorded.get("error", ""), 200),
+            )
+            if self._middleware is not None:
+                await self._middleware.dead_lettered(message, reason, recorded.get("error", ""))
         self.acker.ack(message)
         return None
 

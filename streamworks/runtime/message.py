@@ -40,6 +40,7 @@ class Message:
 
     __slots__ = (
         "_claimed",
+        "_dead_letter",
         "_error",
         "_failures",
         "_fields",
@@ -82,6 +83,7 @@ class Message:
         self._failures = 0
         self._claimed = False  # taken over from a pending list (maybe run before)
         self._retry_record = False  # a retry record exists in Redis for this entry
+        self._dead_letter: dict[str, str] | None = None  # a recorded final failure
         self._reader: ShardReader | None = None
         self._fields: list[Any] | None = None  # raw entry fields (kept for the DLQ)
         self._error: str | None = None  # set when the entry is poison
@@ -110,6 +112,7 @@ class Message:
         message._claimed = False
         message._retry_record = False
         message._grant = _grant_epoch(reader.token)
+        message._dead_letter = None
         try:
             (
                 message.payload,

@@ -166,6 +166,16 @@ class HandlerRuntime:
             logging.getLogger("streamworks.app"), {"group": worker.group, "stream": spec.stream}
         )
 
+    def _log_fields(self, message: Message) -> dict[str, str]:
+        """Structured fields of a log line about ``message`` (``--log-format json``)."""
+        return {
+            "group": self.worker.group,
+            "stream": message.stream,
+            "shard": message.shard,
+            "entry_id": message.id,
+            "member": self.worker.member_id,
+        }
+
     def _dropped(self, message: Message) -> None:
         reader = message._reader
         if reader is not None:
@@ -442,6 +452,7 @@ class HandlerRuntime:
             _clip(error, 500),
             wait,
             " (traceback suppressed)" if exception is not None and not logged else "",
+            extra=self._log_fields(message),
         )
         return self._clock.monotonic() + wait
 
@@ -493,6 +504,7 @@ class HandlerRuntime:
                 message.id,
                 reason,
                 _clip(recorded.get("error", ""), 200),
+                extra=self._log_fields(message),
             )
             if self._middleware is not None:
                 await self._middleware.dead_lettered(message, reason, recorded.get("error", ""))

@@ -3,7 +3,7 @@
 ``heartbeat(group, topology, request, now_ms, config)`` validates the request,
 applies it to the group and says what to write and answer:
 
-1. **Leave** (epoch -1): the member becomes EXPIRED, its shards are freed at once,
+1. **Leave** (epoch -1): the member's record is removed, its shards are freed at once,
    the group epoch is bumped. Leaving twice, or as an unknown member, is a no-op.
 2. **Join** (epoch 0): a fresh record replaces any previous one with the same id
    (live, FENCED or EXPIRED: the member dropped everything before rejoining), and
@@ -222,6 +222,10 @@ def _validate(request: HeartbeatInput) -> None:
 
 def _leave(edit: GroupEdit, member_id: str, now_ms: int, config: CoreConfig) -> HeartbeatResult:
     if edit.retire(member_id, MemberState.EXPIRED, now_ms):
+        # A member that left needs no tombstone: a late heartbeat from it finds no
+        # record and gets UNKNOWN_MEMBER all the same, and operators do not see it as
+        # EXPIRED for the retention period. Its shards were freed by the retirement.
+        edit.remove(member_id)
         edit.bump()
         edit.settle_if_empty()
     group, changed, removed, header_changed = edit.finish()

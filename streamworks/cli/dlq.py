@@ -263,10 +263,13 @@ def ls(only_group: str | None, as_json: bool, **flags: Any) -> None:
         redis = create_redis(settings)
         try:
             rows: list[dict[str, Any]] = []
-            pattern = f"{settings.key_prefix}:dlq:{{*}}"
+            keyspace = Keyspace(settings.key_prefix)
+            pattern = keyspace.dead_letters_pattern()
             async for key in redis.scan_iter(match=pattern, count=1000):
-                inner = key.decode().split("{", 1)[1].rstrip("}")
-                group, _, stream = inner.partition(":")
+                try:
+                    group, stream = keyspace.dead_letters_of(key.decode())
+                except ValueError:
+                    continue  # not a dead-letter stream (a longer prefix sharing ours)
                 if only_group is not None and group != only_group:
                     continue
                 length = int(await redis.xlen(key))

@@ -102,6 +102,20 @@ class Keyspace:
         """Dead-letter stream of ``group`` for messages of ``stream``."""
         return f"{self.prefix}:dlq:{{{group}:{stream}}}"
 
+    def dead_letters_of(self, key: str) -> tuple[str, str]:
+        """``(group, stream)`` of a :meth:`dead_letters` key (from a ``SCAN``).
+
+        Raises:
+            ValueError: ``key`` is not a dead-letter stream under this prefix.
+        """
+        head = f"{self.prefix}:dlq:{{"
+        if not key.startswith(head) or not key.endswith("}"):
+            raise ValueError(f"{key!r} is not a dead-letter stream under {self.prefix!r}")
+        group, sep, stream = key[len(head) : -1].partition(":")
+        if not sep:
+            raise ValueError(f"{key!r} is not a dead-letter stream under {self.prefix!r}")
+        return group, stream
+
     def dead_letter_marker(self, group: str, stream: str, source: str, entry_id: str) -> str:
         """Marker that entry ``entry_id`` of the key ``source`` (the shard stream or a
         redelivery stream it was read from) has been dead-lettered by ``group`` (it

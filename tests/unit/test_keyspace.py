@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+import pytest
+
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 
@@ -57,3 +59,14 @@ def test_namespace_patterns_cover_every_key_and_no_other_prefix() -> None:
     # A prefix that starts with this one is another namespace.
     for name, key in every_key(Keyspace("app-10")).items():
         assert not any(fnmatchcase(key, p) for p in patterns), name
+
+
+def test_a_dead_letter_key_parses_back_to_its_group_and_stream() -> None:
+    keys = Keyspace("app")
+    key = keys.dead_letters("billing", "orders")
+    assert keys.dead_letters_of(key) == ("billing", "orders")
+    assert fnmatchcase(key, keys.dead_letters_pattern())
+    with pytest.raises(ValueError, match="not a dead-letter stream"):
+        Keyspace("app-1").dead_letters_of(key)
+    with pytest.raises(ValueError, match="not a dead-letter stream"):
+        keys.dead_letters_of(keys.stream(ShardId("orders", 0, 0)))

@@ -111,7 +111,7 @@ class Message:
         message._failures = 0
         message._claimed = False
         message._retry_record = False
-        message._grant = _grant_epoch(reader.token)
+        message._grant = 0 if reader is None else _grant_epoch(reader.token)
         message._dead_letter = None
         try:
             (

@@ -3,6 +3,9 @@ service, real workers, real Redis; ``TestRuntime`` with a 2 s routing lease).
 
 * with no live member the migration still leaves FENCING when the routing fence
   passes and waits in DRAINING until a worker started later drains it (E9, E10, E14);
+* with every member gone before the scale-in, drained shards are retired on Redis
+  evidence alone, and a late entry on a removed shard keeps it DRAINING with its
+  reason while nobody runs (E10);
 * ``lag == nil`` is not proven drained (E12), and the two documented operator
   remedies (read to the end; ``XGROUP SETID … ENTRIESREAD``) let it complete;
 * every consumer group on the shard must have drained it (E11).

@@ -40,10 +40,12 @@ class BlockingApp:
         self.release = anyio.Event()
         self.started: dict[int, tuple[str, str]] = {}  # n -> (shard, member)
         self.handled: list[tuple[int, str, str]] = []  # (n, shard, member)
+        self.runs: list[tuple[int, str, str, int]] = []  # (n, shard, member, token) at start
 
         @self.app.handler("orders", ordering="none", concurrency=8)
         async def handle(value: dict[str, Any], ctx: Context) -> None:
             self.started[value["n"]] = (ctx.message.shard, ctx.member_id)
+            self.runs.append((value["n"], ctx.message.shard, ctx.member_id, ctx.fencing_token))
             if value.get("block"):
                 await self.release.wait()
             self.handled.append((value["n"], ctx.message.shard, ctx.member_id))
@@ -252,6 +254,88 @@ async def test_a_draining_member_cut_off_from_the_coordinator_never_resumes_the_
         [in_flight] = [n for n, (s, _) in blocking.started.items() if s == moving and n < 10]
         assert blocking.handled_by(w0.member_id, moving) == [in_flight]
         assert shard not in w0.readers
+
+
+@pytest.mark.seed("E7")
+async def test_a_drain_finished_while_cut_off_never_reads_the_shard_again_until_regranted(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    """w0 drains a shard it was told to give up and is cut off from the coordinator
+    (Redis still reachable). Its in-flight run finishes and is acked *while* it is cut
+    off, within its lease; it keeps reporting the shard as revoking and reads nothing
+    more from it — not after the drain, not past its lease. The coordinator expires it
+    and the shard's next owner (a newer fence) reads the waiting message. Back in
+    touch, w0 rejoins; it reads the shard again only when a fence newer than all of
+    those names it, and its runs there carry that fence's epoch."""
+    blocking = BlockingApp()
+    settings = fast_settings(lease_ttl=3.0, rebalance_timeout=60.0)
+    async with streamworks_runtime(blocking.app, workers=0, settings=settings) as rt:
+        local = rt.coordinator
+        link = CutTransport(local)
+        rt.coordinator = link  # w0 reaches the coordinator through a link we can cut
+        w0 = await rt.add_worker()
+        rt.coordinator = local
+        keys = await hold_one_message_per_shard(rt, blocking)
+        w1 = await rt.add_worker(wait=False)
+        moving = await revoked_shard(rt, w0.member_id)
+        shard = ShardId.parse(moving)
+        await wait_for(lambda: shard in w0.revoking, message="w0 to start draining")
+        [(in_flight, old_token)] = [
+            (n, t) for n, s, m, t in blocking.runs if s == moving and m == w0.member_id
+        ]
+
+        link.cut = True  # the coordinator is gone for w0; Redis is not
+        w0_epoch = w0.assignment.epoch
+        await blocking.app.publish("orders", {"n": 10}, key=keys[moving])
+        await wait_for(lambda: len(link.sent_while_cut()) >= 3, message="w0 to keep retrying")
+        assert all(moving in r.revoking_shards for r in link.sent_while_cut())
+        blocking.release.set()  # the in-flight runs end now, while w0 is cut off
+
+        async def drained() -> bool:
+            group = await shard_group(rt, moving)
+            return bool(blocking.handled_by(w0.member_id, moving) and group["pending"] == 0)
+
+        await wait_for(drained, message="w0's in-flight run to end and be acked")
+        assert link.cut and w0.lease.held()  # finished under its lease, still cut off
+        after_drain = len(link.heartbeats)
+        group = await shard_group(rt, moving)
+        assert group["lag"] == 1  # message 10 waits, unread
+        assert not w0.readers.get(shard) or not w0.readers[shard].accepting
+
+        # Past its lease, still cut off: the coordinator expires w0, w1 takes the shard.
+        await wait_for(lambda: not w0.lease.held(), timeout=10, message="w0's lease to end")
+        await wait_for(lambda: 10 in blocking.started, timeout=10, message="message 10 read")
+        assert link.cut
+        # Drained, it reports the shard as given up (neither owned nor revoking).
+        reports = [r for _, r in link.heartbeats[after_drain:]]
+        assert reports and all(r.member_epoch == w0_epoch for r in reports)
+        assert not any(moving in (r.owned_shards or []) + r.revoking_shards for r in reports)
+        assert blocking.started[10] == (moving, w1.member_id)
+        w1_fence = await fence_of(rt, moving)
+        assert w1_fence.endswith(f":{w1.member_id}")
+        assert [n for n, s, m, _ in blocking.runs if m == w0.member_id and s == moving] == [
+            in_flight
+        ]
+
+        link.cut = False  # back: w0 is unknown, rejoins; w1 leaves, w0 gets everything
+        await wait_for(
+            lambda: w0.assignment.heartbeats > 0 and w0.lease.valid(), message="w0 rejoined"
+        )
+        await rt.stop_worker(1)
+        await wait_for(lambda: shard in w0.readers, timeout=10, message="w0 granted the shard")
+        new_fence = await fence_of(rt, moving)
+        assert new_fence.endswith(f":{w0.member_id}")
+        new_epoch = int(new_fence.split(":")[0])
+        assert new_epoch > int(w1_fence.split(":")[0]) > old_token
+        await blocking.app.publish("orders", {"n": 12}, key=keys[moving])
+        await wait_for(lambda: 12 in blocking.started, timeout=10, message="message 12 read")
+        await rt.wait_idle()
+        runs_on_moving = [(n, m, t) for n, s, m, t in blocking.runs if s == moving]
+        assert [(n, m) for n, m, _ in runs_on_moving if m == w0.member_id] == [
+            (in_flight, w0.member_id),
+            (12, w0.member_id),
+        ]
+        assert [t for n, _, t in runs_on_moving if n == 12] == [new_epoch]
 
 
 # -- E8 ------------------------------------------------------------------------------------

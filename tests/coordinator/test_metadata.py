@@ -9,11 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from streamworks import App
 from streamworks.clock import Clock
 from streamworks.coordinator.service import CoordinatorService
+from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import HeartbeatStatus, ReinitializeRequest
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
@@ -215,6 +217,109 @@ async def test_member_reports_never_recreate_deleted_group_metadata(
             await expect_error(member.heartbeat(service, "g"), "METADATA_UNAVAILABLE")
         assert not await redis.exists(meta)
         assert await fences(redis, keyspace, SHARDS) == fenced
+
+
+async def raw_state(redis: Any, keyspace: Keyspace, shards: list[str]) -> dict[str, Any]:
+    """What a report could corrupt, as Redis holds it: the group hash (field by field),
+    and, serialised with ``DUMP``, every subscription registry, every shard's list of
+    required groups and every owner fence of group ``g``; plus the consumer groups on
+    each shard."""
+    out: dict[str, Any] = {"group": await redis.hgetall(keyspace.group_meta("g"))}
+    for stream in ("orders", "audit"):
+        key = keyspace.registry_subscriptions(stream)
+        out[key] = await redis.dump(key)
+    for shard in map(ShardId.parse, shards):
+        for key in (keyspace.shard_groups(shard), keyspace.fence(shard, "g")):
+            out[key] = await redis.dump(key)
+        groups = await redis.xinfo_groups(keyspace.stream(shard))
+        out[f"groups of {shard}"] = sorted(g["name"] for g in groups)
+    return out
+
+
+def without_group_epoch(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the group epoch taken out of the group header (and the revision
+    that goes with a header write)."""
+    group = dict(state["group"])
+    header = orjson.loads(group.pop(b"header"))
+    epoch = header.pop("group_epoch")
+    group.pop(b"rev")
+    group.pop(b"cid", None)
+    return {**state, "group": group, "header": header, "epoch": epoch}
+
+
+@pytest.mark.seed("E20")
+async def test_reports_contradicting_intact_metadata_change_nothing_over_http(
+    settings: Settings, redis: Any, keyspace: Keyspace
+) -> None:
+    """Two members hold ``orders`` (4 shards); stream ``audit`` exists and nobody
+    subscribes to it. Over real HTTP, member m1 reports owning shards it was never
+    granted (m2's, and one that does not exist), then also a metadata version above the
+    recorded one with an extra subscription (``audit``), and m2 reports an epoch above
+    the group's with the same claims. Each reply holds only what Redis records for the
+    member (OK, SYNC_METADATA, FENCED: nothing), and in Redis the member records, the
+    subscription registries, the shards' group lists, the consumer groups and every
+    owner fence are byte for byte what they were. The only write any report causes is
+    the epoch floor of E19: the group epoch is raised above an epoch reported to it."""
+    shards = [*SHARDS, "audit/0@0"]
+    async with open_service(fast_settings(settings, lease_ttl=60.0)) as service:
+        await service.create_stream("orders", 4)
+        await service.create_stream("audit", 1)
+        m1, m2 = SimMember("m1", ["orders"]), SimMember("m2", ["orders"])
+        await settle([m1, m2], service)
+        info = await service.group_info("g")
+        recorded = {m.member_id: m for m in info.members}
+        grants = {
+            m.member_id: sorted((g.shard, g.epoch) for g in m.last.assigned) for m in (m1, m2)
+        }
+        assert sorted(recorded["m1"].assigned) == [s for s, _ in grants["m1"]]
+        never_granted = sorted({*SHARDS, "orders/9@9"} - m1.owned)
+        before = await raw_state(redis, keyspace, shards)
+        assert before["group"] and before[keyspace.fence(ShardId.parse(SHARDS[0]), "g")]
+
+        async with serve_api(service) as url, CoordinatorClient([url]) as http:
+            # 1. At its recorded epoch and version, m1 claims shards never granted to it.
+            claim = [*m1.owned, *never_granted]
+            r = await http.heartbeat("g", beat("m1", m1.epoch, owned=claim, version=m1.version))
+            assert r.status is HeartbeatStatus.OK
+            assert sorted((g.shard, g.epoch) for g in r.assigned) == grants["m1"]
+            assert r.member_epoch == m1.epoch and not r.pending
+            assert await raw_state(redis, keyspace, shards) == before
+
+            # 2. The same claims, a metadata version above Redis's, an extra subscription.
+            extra = ["audit", "orders"]
+            r = await http.heartbeat(
+                "g",
+                beat("m1", m1.epoch, owned=claim, version=m1.version + 5, subscriptions=extra),
+            )
+            assert r.status is HeartbeatStatus.SYNC_METADATA
+            assert sorted((g.shard, g.epoch) for g in r.assigned) == grants["m1"]
+            assert r.member_epoch == m1.epoch and r.metadata_version == m1.version
+            synced = without_group_epoch(await raw_state(redis, keyspace, shards))
+            reference = without_group_epoch(before)
+            assert {**synced, "epoch": None} == {**reference, "epoch": None}
+            assert synced["epoch"] > m1.epoch  # the E19 floor, nothing else
+
+            # 3. m2 reports an epoch above the group epoch, with the same claims.
+            high = synced["epoch"] + 10
+            r = await http.heartbeat(
+                "g",
+                beat(
+                    "m2",
+                    high,
+                    owned=[*SHARDS, "orders/9@9"],
+                    subscriptions=extra,
+                    version=m2.version,
+                ),
+            )
+            assert r.status is HeartbeatStatus.FENCED and r.assigned == [] and not r.pending
+            fenced = without_group_epoch(await raw_state(redis, keyspace, shards))
+            assert {**fenced, "epoch": None} == {**reference, "epoch": None}
+            assert fenced["epoch"] == high + 1
+
+        info = await service.group_info("g")
+        assert {m.member_id: sorted(m.assigned) for m in info.members} == {
+            k: sorted(v.assigned) for k, v in recorded.items()
+        }
 
 
 # -- E21 -------------------------------------------------------------------------------------

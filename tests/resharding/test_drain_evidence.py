@@ -3,6 +3,9 @@ service, real workers, real Redis; ``TestRuntime`` with a 2 s routing lease).
 
 * with no live member the migration still leaves FENCING when the routing fence
   passes and waits in DRAINING until a worker started later drains it (E9, E10, E14);
+* with every member gone before the scale-in, drained shards are retired on Redis
+  evidence alone, and a late entry on a removed shard keeps it DRAINING with its
+  reason while nobody runs (E10);
 * ``lag == nil`` is not proven drained (E12), and the two documented operator
   remedies (read to the end; ``XGROUP SETID … ENTRIESREAD``) let it complete;
 * every consumer group on the shard must have drained it (E11).
@@ -16,9 +19,13 @@ from typing import Any
 import anyio
 import pytest
 
-from streamworks import App
+from streamworks import App, Record
+from streamworks.clock import Clock
 from streamworks.exceptions import NoShardsError
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.scripts import Scripts
+from streamworks.runtime.connection import create_producer
+from streamworks.runtime.leased_routing import LeasedRouting
 from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
 from tests.resharding.helpers import (
@@ -29,6 +36,7 @@ from tests.resharding.helpers import (
     phase,
     probe_app,
     redis_now_ms,
+    retired,
     wait_for,
 )
 
@@ -127,6 +135,102 @@ async def test_scale_in_whose_only_member_dies_waits_in_draining_until_a_worker_
     assert probe.shard_of() == sent
     assert len(probe.handled) == len(sent)
     print(f"member expired {fence - expired_at} ms before the routing fence")
+
+
+@pytest.mark.seed("E10")
+async def test_with_every_member_gone_before_the_fence_evidence_alone_retires_shards(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    """Every message of streams ``a`` (3 shards) and ``b`` (2) is handled and acked;
+    the group's only worker then leaves, so nobody runs from before either scale-in
+    (3 -> 1, 2 -> 1) to the end. A producer still holding the 2-shard routing of ``b``
+    writes one late entry to removed shard b/1 before the routing fence. ``a``'s removed
+    shards show pending 0 and lag 0: the migration completes on that evidence alone.
+    ``b/1`` stays DRAINING with its reason ("group g lag 1") however often it is
+    checked while nobody runs; a worker started later handles the late entry where it
+    is, and ``b``'s migration completes."""
+    app, probe = probe_app("g", {"a": 3, "b": 2})
+    async with streamworks_runtime(app, workers=1) as rt:
+        service = rt.service
+        assert service is not None
+        sent: dict[str, str] = {}
+        for stream, count in (("a", 3), ("b", 2)):
+            for i in range(count):
+                ids = [f"{stream}{i}-{n}" for n in range(3)]
+                sent.update(zip(ids, await publish_to(app, stream, i, count, ids), strict=True))
+        await wait_for(lambda: probe.ids() == set(sent), 10, "every message handled")
+        stale = LeasedRouting(rt.coordinator, clock=Clock())
+        assert (await stale.routing("b")).shard_count == 2
+        late_producer = create_producer(app, rt.settings, rt.redis, Scripts(rt.redis), stale)
+        await rt.stop_worker(0)
+        assert await live_members(rt) == []
+        removed = {"a": ["a/1@0", "a/2@0"], "b": ["b/1@0"]}
+        keys = {n: rt_keys(rt, shards) for n, shards in removed.items()}
+
+        async def acked_everywhere() -> bool:
+            for key in [*keys["a"], *keys["b"]]:
+                [group] = await rt.redis.xinfo_groups(key)
+                if (group["pending"], group["lag"]) != (0, 0):
+                    return False
+            return True
+
+        await wait_for(acked_everywhere, 10, "pending 0 and lag 0 on every removed shard")
+
+        seen_live: list[list[str]] = []
+
+        def nobody(check: Callable[[], Any]) -> Callable[[], Any]:
+            """``check``, after recording any live member (there must never be one)."""
+
+            async def probe_() -> Any:
+                members = await live_members(rt)
+                if members:
+                    seen_live.append(members)
+                return await check()
+
+            return probe_
+
+        a = await service.scale_stream("a", 1)
+        b = await service.scale_stream("b", 1)
+        assert phase(a) == phase(b) == "FENCING"
+        [key] = keys_on(1, 2)
+        late = await late_producer.publish("b", Record({"id": "late"}, key=key))
+        assert late.shard == "b/1@0" and late.routing_version == 1
+        assert await redis_now_ms(rt.redis) < fence_of(b)  # written before the fence
+
+        async def a_complete() -> Any:
+            info = await service.stream_info("a")
+            return info if phase(info) == "NONE" and not draining(info) else None
+
+        async def b_refused() -> Any:
+            info = await service.stream_info("b")
+            return info if blocked(info) else None
+
+        info = await wait_for(nobody(a_complete), 15, "a's migration to complete")
+        assert [s.shard for s in info.shards] == ["a/0@0"]
+        assert retired(info) == removed["a"]
+        assert await rt.redis.exists(*keys["a"]) == 0
+        info = await wait_for(nobody(b_refused), 10, "the drain check of b/1")
+        assert phase(info) == "DRAINING" and draining(info) == removed["b"]
+        assert blocked(info) == {"b/1@0": "group g lag 1"}
+        for _ in range(3):  # checked again and again while nobody runs: still refused
+            await service.tick_streams()
+        info = await nobody(lambda: service.stream_info("b"))()
+        assert blocked(info) == {"b/1@0": "group g lag 1"} and phase(info) == "DRAINING"
+        assert await rt.redis.exists(*keys["b"]) == 1
+        assert "late" not in probe.ids()
+        assert seen_live == [] and await live_members(rt) == []
+
+        await rt.add_worker(wait=False)
+
+        async def b_complete() -> Any:
+            info = await service.stream_info("b")
+            return info if phase(info) == "NONE" and not draining(info) else None
+
+        info = await wait_for(b_complete, 15, "b's migration to complete")
+        assert [s.shard for s in info.shards] == ["b/0@0"]
+        assert await rt.redis.exists(*keys["b"]) == 0
+    assert probe.shard_of() == {**sent, "late": "b/1@0"}
+    assert len(probe.handled) == len(sent) + 1
 
 
 @pytest.mark.seed("E12")

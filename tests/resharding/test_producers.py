@@ -1,5 +1,5 @@
-"""Producers across a resharding: stale routing after a scale-in (E16) and routing
-determinism across processes (E17)."""
+"""Producers across a resharding: stale routing after a scale-in (E16), routing
+determinism across processes (E17), and one event id across a scale-out (E18)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import anyio
 import orjson
 import pytest
 
-from streamworks import Record
+from streamworks import App, Record
 from streamworks.clock import Clock
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.scripts import Scripts
@@ -22,7 +22,7 @@ from streamworks.runtime.producer import Producer
 from streamworks.runtime.routing import jump_hash, key_hash
 from streamworks.testing import TestRuntime
 from tests.e2e.harness import REPO
-from tests.resharding.helpers import draining, keys_on, phase, probe_app, wait_for
+from tests.resharding.helpers import Probe, draining, keys_on, phase, probe_app, wait_for
 
 
 @pytest.mark.seed("E16")
@@ -178,3 +178,49 @@ async def test_same_key_and_shard_count_give_the_same_shard_in_two_processes(
         assert all(len(shards) == 1 for shards in where.values())
         assert all(names == {"parent", "child"} for names in by.values())
         assert [next(iter(where[(k, 8)])) for k in keys] == layouts[8]
+
+
+@pytest.mark.seed("E18")
+async def test_one_event_id_across_a_scale_out_lands_on_two_shards_then_dedups_on_the_new(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    """A real 2 -> 3 scale-out moves a key to the new shard 2. The same event id,
+    published under the old layout (a producer whose routing is still the 2-shard one)
+    and then under the new one, is written twice, once per shard: deduplication is per
+    shard, not global. Repeats are then deduplicated where each producer routes them:
+    on the new shard under the new layout (answered with the new entry), on the old
+    shard under the old one. The worker handles the event once per shard."""
+    app, probe = App("g"), Probe()
+    app.stream("d", shards=2, dedup_window=60)
+    app.handler("d")(probe.handle)
+    [key] = keys_on(2, 3)  # moves: shard 2 of 3, some shard below 2 of 2
+    before = jump_hash(key_hash(key), 2)
+    async with streamworks_runtime(app, workers=1) as rt:
+        stalled = Clock()
+        old_routing = LeasedRouting(rt.coordinator, clock=stalled)
+        assert (await old_routing.routing("d")).shard_count == 2
+        old = create_producer(app, rt.settings, rt.redis, Scripts(rt.redis), old_routing)
+        event = Record({"id": "ev-1"}, key=key, event_id="ev-1")
+
+        first = await old.publish("d", event)
+        assert first.shard == f"d/{before}@0" and not first.duplicate
+
+        await rt.scale("d", 3)
+        stalled.offset = -3600.0  # the old producer's routing still looks valid to it
+        assert (await old.routing.routing("d")).shard_count == 2
+        second = await app.publish("d", event.value, key=key, event_id="ev-1")
+        assert second.shard == "d/2@1" and second.routing_version == 2
+        assert not second.duplicate and second.entry_id  # not deduplicated across shards
+
+        again = await app.publish("d", event.value, key=key, event_id="ev-1")
+        assert again.duplicate and (again.shard, again.entry_id) == ("d/2@1", second.entry_id)
+        stale = await old.publish("d", event)
+        assert stale.duplicate and (stale.shard, stale.entry_id) == (first.shard, first.entry_id)
+
+        for shard in (first.shard, second.shard):
+            assert await rt.redis.xlen(rt.keyspace.stream(ShardId.parse(shard))) == 1
+        await wait_for(lambda: len(probe.handled) == 2, 10, "both entries handled")
+        await rt.wait_idle()
+    assert sorted(probe.handled) == sorted(
+        [("ev-1", first.shard, first.entry_id), ("ev-1", second.shard, second.entry_id)]
+    )

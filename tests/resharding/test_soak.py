@@ -1,4 +1,4 @@
-"""8 -> 3 -> 12 under continuous load with random worker restarts (E13, E17, E18).
+"""8 -> 3 -> 12 under continuous load with random worker restarts (E13, E17).
 
 A coordinator and three workers of the instrumented app (``ordering="key"``) run as
 processes; two producers publish continuously, each sequentially, so "published
@@ -81,7 +81,6 @@ class Restarter:
 
 @pytest.mark.seed("E13")
 @pytest.mark.seed("E17")
-@pytest.mark.seed("E18")
 async def test_eight_to_three_to_twelve_under_load_with_worker_restarts(
     cluster: Cluster, redis: Any
 ) -> None:

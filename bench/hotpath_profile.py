@@ -105,7 +105,9 @@ async def run(suite: common.Suite, args: argparse.Namespace) -> dict[str, Any]:
     for r in range(args.rounds):
         for name in common.alternate(only, r):
             group = f"{name}-{r}"
-            await create_group(Scripts(suite.redis), Keyspace(common.PREFIX), shards, group, "earliest")
+            await create_group(
+                Scripts(suite.redis), Keyspace(common.PREFIX), shards, group, "earliest"
+            )
             server_cpu = _server_cpu(suite.server.pid)
             try:
                 if name == "raw-shard":
@@ -158,7 +160,20 @@ async def _spy(url: str, n: int, out: str, rate: int) -> None:
         "import sys; sys.path.insert(0, 'bench'); import common, hotpath_profile as h; "
         f"print(common.run_async(h.sw_child({url!r}, 'spy', 'orders', {n})))"
     )
-    cmd = ["py-spy", "record", "-r", str(rate), "-f", "raw", "-o", out, "--", sys.executable, "-c", code]
+    cmd = [
+        "py-spy",
+        "record",
+        "-r",
+        str(rate),
+        "-f",
+        "raw",
+        "-o",
+        out,
+        "--",
+        sys.executable,
+        "-c",
+        code,
+    ]
     await asyncio.to_thread(subprocess.run, cmd, check=True)
 
 

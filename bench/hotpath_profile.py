@@ -31,7 +31,7 @@ import common
 import consume
 from common import SHARDS
 
-CONTESTANTS = ("raw-shard", "raw-100", "streamworks")
+CONTESTANTS = ("raw-shard", "raw-lua", "raw-100", "streamworks")
 
 
 async def raw_shard_child(url: str, keys: list[str], group: str, total: int) -> dict[str, Any]:
@@ -56,6 +56,51 @@ async def raw_shard_child(url: str, keys: list[str], group: str, total: int) -> 
 
     cpu, start = time.process_time(), time.perf_counter()
     tasks = [asyncio.create_task(one(key)) for key in keys]
+    await finished.wait()
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    await asyncio.gather(*tasks)
+    await redis.aclose()
+    return {"rate": done / elapsed, "cpu_us": cpu / done * 1e6}
+
+
+async def raw_lua_child(url: str, keys: list[str], group: str, total: int) -> dict[str, Any]:
+    """``raw-shard`` with streamworks' fenced read: one task per shard, ``read.lua``
+    (COUNT 200, hand-packed EVALSHA) + one hand-packed XACK per batch. What the fence
+    costs without the framework around it."""
+    _preload()
+    from streamworks.coordinator.provision import grant_token, write_fence
+    from streamworks.protocol.shards import ShardId
+    from streamworks.redis.keyspace import Keyspace
+    from streamworks.redis.scripts import Scripts
+    from streamworks.redis.wire import call
+
+    redis = common.create_client(url)
+    scripts, keyspace = Scripts(redis), Keyspace(common.PREFIX)
+    member = "raw-lua"
+    shards = [ShardId("orders", i) for i in range(SHARDS)]
+    for shard in shards:
+        await write_fence(scripts, keyspace, shard, group, 1, member)
+    token = grant_token(1, member)
+    done = 0
+    finished = asyncio.Event()
+
+    async def one(shard: Any) -> None:
+        nonlocal done
+        fkeys = [keyspace.stream(shard), keyspace.fence(shard, group)]
+        args = [group, member, token, 200]
+        while not finished.is_set():
+            reply = await scripts.call("read", fkeys, args)  # type: ignore[arg-type]
+            if reply[0] != 1:
+                await asyncio.sleep(0.01)
+                continue
+            ids = [entry_id for entry_id, _fields in reply[1]]
+            await call(redis, ["XACK", fkeys[0], group, *ids])
+            done += len(ids)
+            if done >= total:
+                finished.set()
+
+    cpu, start = time.process_time(), time.perf_counter()
+    tasks = [asyncio.create_task(one(shard)) for shard in shards]
     await finished.wait()
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     await asyncio.gather(*tasks)
@@ -133,6 +178,9 @@ async def run(suite: common.Suite, args: argparse.Namespace) -> dict[str, Any]:
             try:
                 if name == "raw-shard":
                     res = suite.child(_target("raw_shard_child"), url=suite.url, keys=keys,
+                                      group=group, total=n)  # fmt: skip
+                elif name == "raw-lua":
+                    res = suite.child(_target("raw_lua_child"), url=suite.url, keys=keys,
                                       group=group, total=n)  # fmt: skip
                 elif name == "raw-100":
                     res = suite.child(_target("raw_100_child"), url=suite.url, keys=keys,

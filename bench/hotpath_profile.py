@@ -111,8 +111,8 @@ async def raw_lua_child(url: str, keys: list[str], group: str, total: int) -> di
 def _preload() -> None:
     """Import what the contestants use before the clock starts (the first import of
     streamworks, redis-py and pydantic costs more CPU than 100,000 messages)."""
-    import streamworks.app  # noqa: F401
-    import streamworks.coordinator.provision  # noqa: F401
+    import streamworks.app
+    import streamworks.coordinator.provision
     import streamworks.runtime.worker  # noqa: F401
 
 

@@ -30,6 +30,7 @@ import functools
 import inspect
 import logging
 import math
+import types
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -214,11 +215,13 @@ class HandlerRuntime:
         try:
             started = _perf_counter()
             try:
-                with self._runs.run(message.shard):
-                    if self._value_only:
-                        result = await self._fn(value)
-                    else:
-                        result = await self._invoke(value, message)
+                call = self._fn(value) if self._value_only else self._invoke(value, message)
+                if type(call) is types.CoroutineType:
+                    # No cancel scope for a handler that never suspends (ownership.py).
+                    result = await self._runs.run_coroutine(message.shard, call)
+                else:  # an async callable returning another awaitable
+                    with self._runs.run(message.shard):
+                        result = await call
             finally:
                 self._duration.observe(_perf_counter() - started)
             if result is not None and inspect.isawaitable(result):

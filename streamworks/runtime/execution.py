@@ -203,6 +203,9 @@ class HandlerRuntime:
             return await self._settle_dead_letter(message, await self._letters.resume(message))
         if message._error is not None:
             return await self._dead_letter(message, "poison", message._error)
+        # Nothing awaited since the lease check above (unless a taken-over message's
+        # run was counted): the run need not check it again.
+        checked = not message._claimed
         if message._claimed and await self._count_run(message):
             return None  # dead-lettered: it kept killing its workers
         decode = self._decode
@@ -218,7 +221,9 @@ class HandlerRuntime:
                 call = self._fn(value) if self._value_only else self._invoke(value, message)
                 if type(call) is types.CoroutineType:
                     # No cancel scope for a handler that never suspends (ownership.py).
-                    result = await self._runs.run_coroutine(message.shard, call)
+                    result = await self._runs.run_coroutine(
+                        message.shard, call, check_start=not checked
+                    )
                 else:  # an async callable returning another awaitable
                     with self._runs.run(message.shard):
                         result = await call

@@ -9,11 +9,18 @@ than wall-clock throughput.
 
 * ``raw-shard`` — one task per shard: ``XREADGROUP COUNT 100`` + one ``XACK`` per
   batch, a no-op per entry, all 8 tasks in one process on one client;
+* ``raw-lua`` — the same with streamworks' fenced read: ``read.lua`` (COUNT 200) and a
+  hand-packed ``XACK`` per batch: what the fence costs without the framework;
 * ``raw-100`` — one coroutine visiting the 8 shards in turn (``consume.py``'s);
-* ``streamworks`` — a default ``Worker`` (``consume.py``'s ``sw_child``).
+* ``streamworks`` — a default ``Worker`` (``consume.py``'s ``sw_child``);
+* ``streamworks-cli`` — the same, with the heap frozen once up, as the
+  ``streamworks worker`` command runs it (``freeze_startup_heap``).
 
-``--py-spy DIR`` runs the streamworks contestant under ``py-spy record`` instead
-(speedscope profile in DIR). Run: ``python bench/hotpath_profile.py``.
+The server's CPU time per message (from ``/proc``) is shown too: on a 2-core machine
+the server competes with the consumer for the same cores.
+
+``--py-spy FILE`` runs the streamworks contestant under ``py-spy record`` instead
+(collapsed stacks in FILE). Run: ``python bench/hotpath_profile.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import common
 import consume
 from common import SHARDS
 
-CONTESTANTS = ("raw-shard", "raw-lua", "raw-100", "streamworks")
+CONTESTANTS = ("raw-shard", "raw-lua", "raw-100", "streamworks", "streamworks-cli")
 
 
 async def raw_shard_child(url: str, keys: list[str], group: str, total: int) -> dict[str, Any]:
@@ -124,13 +131,20 @@ async def raw_100_child(url: str, keys: list[str], group: str, total: int) -> di
     return res
 
 
-async def sw_child(url: str, group: str, stream: str, total: int) -> dict[str, Any]:
-    """``consume.sw_child``, with the CPU time taken over the same span as the rate."""
+async def sw_child(
+    url: str, group: str, stream: str, total: int, freeze: bool = False
+) -> dict[str, Any]:
+    """``consume.sw_child``, with the CPU time taken over the same span as the rate;
+    ``freeze``: as ``streamworks worker`` runs it (``freeze_startup_heap`` once up)."""
     import anyio
+
+    from streamworks.runtime.process import freeze_startup_heap
 
     _preload()
     worker, redis, shards = consume._sw_worker(url, group, stream, 0.0)
     await consume._sw_write_fences(worker, shards)
+    if freeze:
+        freeze_startup_heap()
     cpu, start = time.process_time(), time.perf_counter()
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
@@ -187,7 +201,8 @@ async def run(suite: common.Suite, args: argparse.Namespace) -> dict[str, Any]:
                                       group=group, total=n)  # fmt: skip
                 else:
                     res = suite.child(_target("sw_child"), url=suite.url, group=group,
-                                      stream="orders", total=n)  # fmt: skip
+                                      stream="orders", total=n,
+                                      freeze=name == "streamworks-cli")  # fmt: skip
             finally:
                 await common.destroy_groups(suite.redis, keys, group)
             server_us = (_server_cpu(suite.server.pid) - server_cpu) / n * 1e6

@@ -132,19 +132,24 @@ async def raw_100_child(url: str, keys: list[str], group: str, total: int) -> di
 
 
 async def sw_child(
-    url: str, group: str, stream: str, total: int, freeze: bool = False
+    url: str, group: str, stream: str, total: int, freeze: bool = False, src: str = ""
 ) -> dict[str, Any]:
     """``consume.sw_child``, with the CPU time taken over the same span as the rate;
-    ``freeze``: as ``streamworks worker`` runs it (``freeze_startup_heap`` once up)."""
+    ``freeze``: as ``streamworks worker`` runs it (``freeze_startup_heap`` once up);
+    ``src``: import streamworks from that checkout (a before/after comparison)."""
+    if src:
+        sys.path.insert(0, src)
+        assert "streamworks" not in sys.modules, "streamworks was imported already"
     import anyio
 
-    from streamworks.runtime.process import freeze_startup_heap
-
     _preload()
+    if freeze:
+        import gc
+
+        gc.collect()
+        gc.freeze()
     worker, redis, shards = consume._sw_worker(url, group, stream, 0.0)
     await consume._sw_write_fences(worker, shards)
-    if freeze:
-        freeze_startup_heap()
     cpu, start = time.process_time(), time.perf_counter()
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
@@ -179,12 +184,14 @@ async def run(suite: common.Suite, args: argparse.Namespace) -> dict[str, Any]:
     keys = await consume.prepare_sw(suite.redis, "orders", n)
     shards = [ShardId("orders", i) for i in range(SHARDS)]
     only = args.only.split(",") if args.only else list(CONTESTANTS)
+    if args.base:
+        only += ["streamworks@base", "streamworks-cli@base"]
     rates: dict[str, list[float]] = {c: [] for c in only}
     cpus: dict[str, list[float]] = {c: [] for c in only}
     servers: dict[str, list[float]] = {c: [] for c in only}
     for r in range(args.rounds):
         for name in common.alternate(only, r):
-            group = f"{name}-{r}"
+            group = f"{name.replace('@', '.')}-{r}"
             await create_group(
                 Scripts(suite.redis), Keyspace(common.PREFIX), shards, group, "earliest"
             )
@@ -202,7 +209,8 @@ async def run(suite: common.Suite, args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     res = suite.child(_target("sw_child"), url=suite.url, group=group,
                                       stream="orders", total=n,
-                                      freeze=name == "streamworks-cli")  # fmt: skip
+                                      freeze=name.startswith("streamworks-cli"),
+                                      src=args.base if name.endswith("@base") else "")  # fmt: skip
             finally:
                 await common.destroy_groups(suite.redis, keys, group)
             server_us = (_server_cpu(suite.server.pid) - server_cpu) / n * 1e6
@@ -266,6 +274,11 @@ def main() -> None:
     common.add_common_args(p)
     p.add_argument("--messages", type=int, default=200_000)
     p.add_argument("--only", help=f"comma-separated of {CONTESTANTS}")
+    p.add_argument(
+        "--base",
+        help="also run the streamworks rows with streamworks imported from this checkout "
+        "(rows '...@base': a before/after comparison in one run)",
+    )
     p.add_argument("--py-spy", help="write a py-spy (collapsed stacks) profile of streamworks here")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     args = p.parse_args()

@@ -109,7 +109,7 @@ class Message:
         message.shard = shard
         message._reader = reader
         message._fields = fields
-        message._grant = _grant_epoch(reader.token)
+        message._grant = 0 if reader is None else _grant_epoch(reader.token)
         try:
             (
                 message.payload,

@@ -29,7 +29,7 @@ from streamworks.exceptions import NamespaceMismatchError
 from streamworks.redis.client import create_redis
 from streamworks.runtime.deadlines import lease_misfit
 from streamworks.runtime.http import bind, open_worker_http
-from streamworks.runtime.process import open_worker
+from streamworks.runtime.process import freeze_startup_heap, open_worker
 from streamworks.settings import Settings
 
 log = logging.getLogger("streamworks.cli")
@@ -141,6 +141,7 @@ async def _serve(
             ", ".join(settings.coordinator_urls),
             where,
         )
+        freeze_startup_heap()  # up and running: what exists now lives as long as the process
         async with anyio.create_task_group() as tg:
             tg.start_soon(_watch_signals, member)
             await member.stopped.wait()

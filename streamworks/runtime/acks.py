@@ -40,7 +40,6 @@ class Acker:
         self._group = group
         self._max_batch = max_batch
         self._buffer: dict[ShardReader, list[Message]] = {}
-        self._count = 0
         self._retried: dict[ShardReader, list[bytes]] = {}
         self._wakeup: asyncio.Future[None] | None = None
         self.acked = 0
@@ -49,16 +48,15 @@ class Acker:
     def ack(self, message: Message) -> None:
         """Queue ``message`` for acknowledgement (after its handler succeeded)."""
         reader = message._reader
-        assert reader is not None
-        batch = self._buffer.get(reader)
+        batch = self._buffer.get(reader)  # type: ignore[arg-type]
         if batch is None:
-            self._buffer[reader] = [message]
+            self._buffer[reader] = [message]  # type: ignore[index]
         else:
             batch.append(message)
         if message._retry_record:
             # The retry record and the run counter of a taken-over message (execution.py).
+            assert reader is not None
             self._retried.setdefault(reader, []).extend((message._rid, message._rid + b":runs"))
-        self._count += 1
         wakeup = self._wakeup
         if wakeup is not None and not wakeup.done():
             wakeup.set_result(None)
@@ -76,7 +74,7 @@ class Acker:
     async def flush_now(self) -> None:
         """Send everything buffered now and settle it with its readers."""
         while self._buffer:
-            batch, self._buffer, self._count = self._buffer, {}, 0
+            batch, self._buffer = self._buffer, {}
             retried_by_reader, self._retried = self._retried, {}
             group = self._group
             commands: list[list[bytes | str]] = []

@@ -111,9 +111,10 @@ class Dispatcher:
             ready.extend(messages)
         else:
             busy = self._busy
-            lane_of = self._lane
+            # The lane key read inline (the consume hot path: no call per message).
+            by_key = self._ordering == "key"
             for message in messages:
-                key = lane_of(message)
+                key = message.key if by_key else message.shard
                 if key is None:
                     ready.append(message)
                 elif key not in busy:
@@ -261,6 +262,10 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         process = self._process
         running = self._running_now
+        busy = self._busy
+        ordering = self._ordering
+        by_key = ordering == "key"
+        unordered = ordering == "none"
         while True:
             ready = self._ready
             if not ready:
@@ -295,4 +300,15 @@ class Dispatcher:
                     message.due = due
                     self._park(message, due)
                     break
-                message = self._next_of(message)
+                # The next message of the lane: _next_of, inlined (once per message).
+                if unordered:
+                    break
+                lane = message.key if by_key else message.shard
+                if lane is None:
+                    break
+                queue = busy.get(lane)
+                if queue:
+                    message = queue.popleft()
+                else:
+                    busy.pop(lane, None)
+                    message = None

@@ -30,6 +30,7 @@ import functools
 import inspect
 import logging
 import math
+import types
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,7 @@ from streamworks.runtime.dead_letter import (
 )
 from streamworks.runtime.dispatcher import Dispatcher, Outcome
 from streamworks.runtime.failures import TracebackLog, traceback_text
-from streamworks.runtime.handler import HandlerSpec, bind_arguments
+from streamworks.runtime.handler import HandlerSpec, bind_arguments, passes_payload
 from streamworks.runtime.message import Context, Message
 from streamworks.runtime.ownership import RunCancelled
 
@@ -146,6 +147,11 @@ class HandlerRuntime:
             and not self.plan.wants_context
         )
         self._invoke = _invoker(spec.fn, self.plan.order)
+        # The hot path's shortcuts (see _process_simple): the payload bytes as they
+        # are, and the handler called directly when it takes just the value.
+        self._decode = None if passes_payload(self.plan.decode) else self.plan.decode
+        self._value_only = self.plan.order == ("value",)
+        self._fn = spec.fn
         self._clock = worker.clock
         self.dispatcher = Dispatcher(
             spec.ordering,
@@ -197,20 +203,30 @@ class HandlerRuntime:
             return await self._settle_dead_letter(message, await self._letters.resume(message))
         if message._error is not None:
             return await self._dead_letter(message, "poison", message._error)
+        # Nothing awaited since the lease check above (unless a taken-over message's
+        # run was counted): the run need not check it again.
+        checked = not message._claimed
         if message._claimed and await self._count_run(message):
             return None  # dead-lettered: it kept killing its workers
-        decode = self.plan.decode
-        value: Any = None
+        decode = self._decode
+        value: Any = message.payload  # payload: bytes (or no value: then unused)
         if decode is not None:
             try:
-                value = decode(message.payload)
+                value = decode(value)
             except DecodeError as e:
                 return await self._dead_letter(message, "poison", str(e))
         try:
             started = _perf_counter()
             try:
-                with self._runs.run(message.shard):
-                    result = await self._invoke(value, message)
+                call = self._fn(value) if self._value_only else self._invoke(value, message)
+                if type(call) is types.CoroutineType:
+                    # No cancel scope for a handler that never suspends (ownership.py).
+                    result = await self._runs.run_coroutine(
+                        message.shard, call, check_start=not checked
+                    )
+                else:  # an async callable returning another awaitable
+                    with self._runs.run(message.shard):
+                        result = await call
             finally:
                 self._duration.observe(_perf_counter() - started)
             if result is not None and inspect.isawaitable(result):

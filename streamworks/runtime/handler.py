@@ -110,6 +110,12 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+def passes_payload(decoder: Decoder | None) -> bool:
+    """Whether ``decoder`` hands the payload bytes over unchanged (``payload: bytes``):
+    the runtime then skips the call."""
+    return decoder is _identity
+
+
 def _utf8(data: bytes) -> str:
     try:
         return data.decode("utf-8")

@@ -12,14 +12,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from streamworks.exceptions import DecodeError
-from streamworks.protocol.envelope import NO_HEADERS, parse_fields
+from streamworks.protocol.envelope import FORMAT_VERSION, MAX_PAYLOAD, NO_HEADERS, parse_fields
 
 if TYPE_CHECKING:
     from streamworks.app import App
     from streamworks.runtime.producer import Published
     from streamworks.runtime.reader import ShardReader
 
-__all__ = ("Context", "Message")
+__all__ = ("Context", "Message", "messages_from_entries")
 
 
 class Message:
@@ -38,25 +38,32 @@ class Message:
         payload: the raw payload bytes.
     """
 
+    # The fields every entry sets live in slots; the ones that almost always keep their
+    # default are class attributes, so building a message from an entry (the per-message
+    # hot path, :func:`messages_from_entries`) writes 8 attributes, not 15. An instance
+    # that changes one of them (a retry, a poison entry) gets a ``__dict__`` for it.
     __slots__ = (
-        "_claimed",
-        "_dead_letter",
-        "_error",
-        "_failures",
+        "__dict__",
         "_fields",
         "_grant",
         "_reader",
-        "_retry_record",
         "_rid",
-        "due",
-        "event_id",
-        "headers",
         "key",
         "payload",
         "published_at",
         "shard",
         "stream",
     )
+
+    #: Monotonic time before which the message must not run (runtime bookkeeping).
+    due: float = 0.0
+    event_id: str | None = None
+    headers: Mapping[str, str] = NO_HEADERS
+    _failures: int = 0
+    _claimed: bool = False  # taken over from a pending list (maybe run before)
+    _retry_record: bool = False  # a retry record exists in Redis for this entry
+    _error: str | None = None  # set when the entry is poison
+    _dead_letter: dict[str, str] | None = None  # a recorded final failure
 
     def __init__(
         self,
@@ -75,18 +82,13 @@ class Message:
         self.shard = shard
         self.payload = payload
         self.key = key
-        self.event_id = event_id
-        self.headers: Mapping[str, str] = NO_HEADERS if headers is None else headers
+        if event_id is not None:
+            self.event_id = event_id
+        if headers is not None:
+            self.headers = headers
         self.published_at = published_at
-        # Runtime bookkeeping.
-        self.due = 0.0  # monotonic time before which the message must not run
-        self._failures = 0
-        self._claimed = False  # taken over from a pending list (maybe run before)
-        self._retry_record = False  # a retry record exists in Redis for this entry
-        self._dead_letter: dict[str, str] | None = None  # a recorded final failure
         self._reader: ShardReader | None = None
         self._fields: list[Any] | None = None  # raw entry fields (kept for the DLQ)
-        self._error: str | None = None  # set when the entry is poison
         self._grant = 0  # the grant epoch it was read under (Context.fencing_token)
 
     @classmethod
@@ -107,27 +109,25 @@ class Message:
         message.shard = shard
         message._reader = reader
         message._fields = fields
-        message.due = 0.0
-        message._failures = 0
-        message._claimed = False
-        message._retry_record = False
         message._grant = 0 if reader is None else _grant_epoch(reader.token)
-        message._dead_letter = None
         try:
             (
                 message.payload,
                 message.key,
-                message.event_id,
-                message.headers,
+                event_id,
+                headers,
                 message.published_at,
             ) = parse_fields(fields)
-            message._error = None
         except DecodeError as e:
             message.payload = b""
-            message.key = message.event_id = None
-            message.headers = NO_HEADERS
+            message.key = None
             message.published_at = 0
             message._error = str(e)
+            return message
+        if event_id is not None:
+            message.event_id = event_id
+        if headers is not NO_HEADERS:
+            message.headers = headers
         return message
 
     @property
@@ -151,6 +151,57 @@ def _grant_epoch(token: str) -> int:
         return int(head)
     except ValueError:
         return 0
+
+
+def messages_from_entries(
+    entries: list[Any], stream: str, shard: str, reader: ShardReader
+) -> list[Message]:
+    """The messages of a live read's ``[id, fields]`` pairs, in order: the reader's
+    per-batch constructor (the consume hot path).
+
+    An entry in the layout :func:`~streamworks.protocol.envelope.encode_fields` writes
+    without event id or headers (``v, t, f[, k]``) is parsed inline, with no call per
+    entry; any other entry goes through :meth:`Message._from_entry` (the full parser,
+    which turns a malformed entry into a poison message). Both give the same message.
+    """
+    new = Message.__new__
+    slow = Message._from_entry
+    version = FORMAT_VERSION
+    grant = _grant_epoch(reader.token)  # one token for the whole batch
+    out: list[Message] = []
+    append = out.append
+    for rid, raw in entries:
+        n = len(raw) if type(raw) is list else 0
+        if (
+            (n == 8 or n == 6)
+            and raw[0] == b"v"
+            and raw[2] == b"t"
+            and raw[4] == b"f"
+            and raw[5] == version
+            and type(payload := raw[1]) is bytes
+            and len(payload) <= MAX_PAYLOAD
+            and (n == 6 or raw[6] == b"k")
+        ):
+            try:
+                published_at = int(raw[3])
+                key = raw[7].decode() if n == 8 else None
+            except (ValueError, UnicodeDecodeError, TypeError, AttributeError):
+                append(slow(rid, stream, shard, reader, raw))  # the parser says why
+                continue
+            message = new(Message)
+            message._rid = rid
+            message.stream = stream
+            message.shard = shard
+            message._reader = reader
+            message._fields = raw
+            message._grant = grant
+            message.payload = payload
+            message.key = key
+            message.published_at = published_at
+            append(message)
+        else:
+            append(slow(rid, stream, shard, reader, raw))
+    return out
 
 
 class Context:

@@ -29,9 +29,11 @@ import logging
 import os
 import sys
 import threading
+import types
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Collection, Coroutine, Generator, Iterator
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -100,8 +102,7 @@ class Runs:
             total += len(scopes) - awaiting_sync + max(awaiting_sync, threads.get(name, 0))
         return total
 
-    @contextlib.contextmanager
-    def run(self, shard: str, *, cancellable: bool = True) -> Iterator[None]:
+    def run(self, shard: str, *, cancellable: bool = True) -> AbstractContextManager[None]:
         """Around one handler call in the event loop (``cancellable``: an async
         handler; a sync one runs in a thread that cannot be stopped, so cancelling
         its awaiting task would only lose its outcome).
@@ -112,7 +113,11 @@ class Runs:
                 that), or it ended after the lease expired: its outcome is not this
                 member's to settle.
         """
-        if not self._may_start():
+        return self._run(shard, cancellable=cancellable, check_start=True)
+
+    @contextlib.contextmanager
+    def _run(self, shard: str, *, cancellable: bool, check_start: bool) -> Iterator[None]:
+        if check_start and not self._may_start():
             raise RunCancelled(f"{shard}: the lease ran out before the run started")
         self._loop = asyncio.get_running_loop()
         scope = anyio.CancelScope()
@@ -139,6 +144,38 @@ class Runs:
             raise RunCancelled(f"{shard}: cancelled, ownership ended")
         if not self._may_settle():
             raise RunCancelled(f"{shard}: the run ended after the lease expired")
+
+    async def run_coroutine(
+        self, shard: str, coro: Coroutine[Any, Any, T], *, check_start: bool = True
+    ) -> T:
+        """Await ``coro`` (an async handler's call) as one run of ``shard``: the same
+        contract as ``with self.run(shard): await coro``, for less.
+
+        The coroutine's first step runs at once, in this task. One that finishes there
+        (a handler that never suspends, the consume hot path) cannot have been
+        cancelled or observed by anyone: no other task ran meanwhile, so it needs no
+        cancel scope and no bookkeeping, only the start and settle checks. One that
+        suspends goes on inside :meth:`run` (a cancel scope, counted, cancellable)
+        from the point where it suspended.
+
+        ``check_start=False``: the caller checked ``may_start`` itself and has not
+        awaited anything since (the hot path's one clock read instead of two).
+
+        Raises:
+            RunCancelled: as :meth:`run`.
+        """
+        if check_start and not self._may_start():
+            coro.close()
+            raise RunCancelled(f"{shard}: the lease ran out before the run started")
+        try:
+            first = coro.send(None)
+        except StopIteration as stop:
+            if not self._may_settle():
+                raise RunCancelled(f"{shard}: the run ended after the lease expired") from None
+            return stop.value  # type: ignore[no-any-return]
+        # (An exception from the first step is the handler's own failure, as in run().)
+        with self._run(shard, cancellable=True, check_start=False):
+            return await _resume(coro, first)
 
     def in_thread(self, shard: str, fn: Callable[[], T]) -> Callable[[], T]:
         """``fn`` wrapped so the run counts while the worker thread runs it, even if
@@ -194,6 +231,24 @@ class Runs:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             loop.call_soon_threadsafe(self._notify)
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, T], first: Any) -> Generator[Any, Any, T]:
+    """The rest of ``coro``, whose first step already ran and yielded ``first`` (what
+    it awaits: a future, or None to let the loop run once): the awaiting task waits on
+    ``first``, an exception thrown in meanwhile (a cancellation) goes into ``coro``,
+    and then ``yield from`` delegates the remaining steps as a plain ``await`` would."""
+    while True:
+        try:
+            yield first
+        except BaseException as exc:
+            try:
+                first = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            continue
+        return (yield from coro.__await__())
 
 
 def exit_process(reason: str) -> None:

@@ -11,6 +11,7 @@ run once it is connected, before it joins; its shutdown hooks after it left
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from streamworks.settings import Settings
 if TYPE_CHECKING:
     from streamworks.app import App
 
-__all__ = ("open_worker",)
+__all__ = ("freeze_startup_heap", "open_worker")
 
 
 @contextlib.asynccontextmanager
@@ -71,3 +72,18 @@ async def open_worker(
         if startup is None:
             raise
         raise startup from startup.__cause__
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now into the collector's permanent generation.
+
+    For a worker process, once it is up: the modules, the app, settings and clients
+    allocated at startup never become garbage, yet every full pass of the cyclic
+    collector would scan them again, and a consumer allocating a few objects per
+    message triggers such passes every few thousand messages. Frozen, they are left
+    out (they are still freed by reference counting when released). Measured on the
+    consume hot path: ~0.5 µs of CPU per message (``docs/performance.md``).
+    Process-wide, so the ``streamworks worker`` command calls it, not the library.
+    """
+    gc.collect()
+    gc.freeze()

@@ -26,7 +26,7 @@ stops its redelivery reader.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -220,10 +220,9 @@ class RedeliveryReader(ShardReader):
         super().settle(message)
         self._settle_parent(1)
 
-    def settle_many(self, messages: Any) -> None:
-        batch = list(messages)
-        super().settle_many(batch)
-        self._settle_parent(len(batch))
+    def settle_many(self, messages: Sequence[Message]) -> None:
+        super().settle_many(messages)
+        self._settle_parent(len(messages))
 
     def _settle_parent(self, n: int) -> None:
         parent = self.parent

@@ -54,6 +54,11 @@ class StreamSpec:
         dedup_window: seconds an event id is remembered per shard by idempotent
             publish; None disables shard-level publish dedup.
         start: where this group starts if the stream already exists.
+        min_replicas: durable publishing: a publish returns only once this many
+            replicas of the shard's primary have the entry (``WAIT``), else it raises
+            :class:`~streamworks.exceptions.PublishNotDurableError`; 0 returns once the
+            primary has it (see docs/cluster.md for what a failover can lose then).
+        replica_timeout: seconds a publish waits for those replicas.
     """
 
     name: str
@@ -62,6 +67,8 @@ class StreamSpec:
     delete_on_ack: bool = False
     dedup_window: float | None = None
     start: StartPosition = "earliest"
+    min_replicas: int = 0
+    replica_timeout: float = 1.0
 
 
 class App:
@@ -118,6 +125,8 @@ class App:
         delete_on_ack: bool = False,
         dedup_window: float | None = None,
         start: StartPosition = "earliest",
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> StreamSpec:
         """Declare a stream. Creating it happens through the coordinator; a declaration
         never rescales an existing stream (use ``streamworks streams scale``)."""
@@ -128,7 +137,20 @@ class App:
             raise ConfigurationError(f"stream {name!r}: retention must be positive")
         if start not in ("earliest", "latest"):
             raise ConfigurationError(f"stream {name!r}: start must be 'earliest' or 'latest'")
-        spec = StreamSpec(name, shards, retention, delete_on_ack, dedup_window, start)
+        if type(min_replicas) is not int or min_replicas < 0:
+            raise ConfigurationError(f"stream {name!r}: min_replicas must be an int >= 0")
+        if not replica_timeout > 0:
+            raise ConfigurationError(f"stream {name!r}: replica_timeout must be positive")
+        spec = StreamSpec(
+            name,
+            shards,
+            retention,
+            delete_on_ack,
+            dedup_window,
+            start,
+            min_replicas,
+            replica_timeout,
+        )
         self.streams[name] = spec
         return spec
 
@@ -247,14 +269,34 @@ class App:
         key: str | None = None,
         event_id: str | None = None,
         headers: Mapping[str, str] | None = None,
+        min_replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> Published:
-        """Publish one message to ``stream``."""
-        producer = self.connection.producer
-        return await producer.publish(stream, Record(value, key, event_id, headers))
+        """Publish one message to ``stream``.
 
-    async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
+        ``min_replicas``/``replica_timeout`` override the stream's durable publishing
+        (``app.stream(min_replicas=...)``) for this call; see docs/cluster.md.
+        """
+        producer = self.connection.producer
+        return await producer.publish(
+            stream,
+            Record(value, key, event_id, headers),
+            min_replicas=min_replicas,
+            replica_timeout=replica_timeout,
+        )
+
+    async def publish_many(
+        self,
+        stream: str,
+        records: Sequence[Record],
+        *,
+        min_replicas: int | None = None,
+        replica_timeout: float | None = None,
+    ) -> list[Published]:
         """Publish records in one pipeline; one :class:`Published` per record, in order."""
-        return await self.connection.producer.publish_many(stream, records)
+        return await self.connection.producer.publish_many(
+            stream, records, min_replicas=min_replicas, replica_timeout=replica_timeout
+        )
 
     # -- connections -----------------------------------------------------------------
     @contextlib.asynccontextmanager

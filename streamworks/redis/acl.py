@@ -49,6 +49,9 @@ def _rules(role: Role, prefix: str) -> list[str]:
             "+exists", "+get", "+xreadgroup", "+xrevrange", "+xautoclaim", "+xpending",
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
+            # the idle waiter cuts its own shared XREAD BLOCK short when a shard joins it
+            # (runtime/waiter.py); CLIENT UNBLOCK only ends a wait early, as a timeout would
+            "+client|id", "+client|unblock",
             "+hget", "+hset", "+hdel",  # retry records
             f"(~{keys.shard_groups_pattern()} +smembers)",  # groups that must exist (trim.lua)
             dedup,  # idempotent publish from a handler

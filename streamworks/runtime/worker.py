@@ -31,6 +31,7 @@ from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencySt
 from streamworks.runtime.lease import Lease
 from streamworks.runtime.reader import ReaderState, ShardReader
 from streamworks.runtime.redelivery import Redelivery
+from streamworks.runtime.waiter import IdleWaiter
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -79,6 +80,9 @@ class Worker:
         self.clock = clock or Clock()
         self.lease = Lease(clock=self.clock)
         self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)
+        self.waiter = IdleWaiter(
+            redis, block=self.settings.worker.block, idle_poll=self.settings.worker.idle_poll
+        )
         store: IdempotencyStore = app.idempotency_store or RedisIdempotencyStore(
             redis,
             self.keyspace,
@@ -116,6 +120,7 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self.acker.run)
+                tg.start_soon(self.waiter.run)
                 for runtime in self.handlers.values():
                     tg.start_soon(runtime.dispatcher.run)
                 tg.start_soon(self._trim_loop)

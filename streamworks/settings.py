@@ -66,7 +66,9 @@ class Settings(BaseSettings):
     )
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_cluster: bool = False
+    #: ``None`` (the default, or ``auto``): ask the server (``CLUSTER INFO``) when the
+    #: client is created; ``True``/``False`` force the cluster or single-node client.
+    redis_cluster: bool | None = None
     key_prefix: str = Field("sw", pattern=r"^[A-Za-z0-9._-]{1,32}$")
     coordinator_urls: Annotated[list[str], NoDecode] = ["http://127.0.0.1:7400"]
     token: SecretStr | None = None
@@ -83,6 +85,13 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     producer: ProducerSettings = ProducerSettings()
     coordinator: CoordinatorSettings = CoordinatorSettings()
+
+    @field_validator("redis_cluster", mode="before")
+    @classmethod
+    def _auto_cluster(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("", "auto"):
+            return None
+        return value
 
     @field_validator("coordinator_urls", mode="before")
     @classmethod

@@ -12,15 +12,19 @@ Two settings matter for correctness, not just speed:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import redis as sync_redis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from streamworks.settings import Settings
 
-__all__ = ("RedisClient", "create_redis")
+__all__ = ("RedisClient", "create_redis", "detect_cluster", "is_cluster")
+
+log = logging.getLogger("streamworks.redis")
 
 #: What streamworks accepts as a client: a single server or a cluster.
 RedisClient = Redis | RedisCluster
@@ -29,9 +33,45 @@ RedisClient = Redis | RedisCluster
 _TIMEOUT_MARGIN = 5.0
 
 
+def is_cluster(redis: Any) -> bool:
+    """Whether ``redis`` is a Redis Cluster client."""
+    return isinstance(redis, RedisCluster)
+
+
+def detect_cluster(url: str, *, timeout: float = 5.0) -> bool:
+    """Whether the server at ``url`` runs in cluster mode (``CLUSTER INFO`` answers).
+
+    A server without cluster support answers ``CLUSTER INFO`` with an error, as does
+    one whose ACL does not grant it (the role ACLs of ``streamworks admin acl`` grant
+    it); both mean the single-node client. An unreachable server is taken as single
+    node, with a warning: set ``redis_cluster`` to say which explicitly. This runs
+    once, when a client is created (one round trip, before any traffic).
+    """
+    if url.startswith("unix:"):
+        return False  # cluster nodes are TCP only
+    probe = sync_redis.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=None
+    )
+    try:
+        probe.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
+    except sync_redis.ResponseError:
+        return False
+    except sync_redis.RedisError as e:
+        log.warning(
+            "could not ask the server whether it is a cluster (%s); using the single-node "
+            "client (set STREAMWORKS_REDIS_CLUSTER=true or false to say)",
+            e,
+        )
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
     """Create an asyncio client for ``settings.redis_url`` (``redis://``, ``rediss://``,
-    ``unix://``); a cluster client when ``settings.redis_cluster`` is set.
+    ``unix://``): a cluster client when ``settings.redis_cluster`` is true, or when it
+    is unset (auto) and the server says it runs in cluster mode (:func:`detect_cluster`).
 
     The pool *waits* for a free connection instead of failing when all are in use
     (redis-py's default pool raises at 100). A worker holds one connection per idle
@@ -45,7 +85,10 @@ def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 30,
     }
-    if settings.redis_cluster:
+    cluster = settings.redis_cluster
+    if cluster is None:
+        cluster = detect_cluster(settings.redis_url)
+    if cluster:
         options.pop("health_check_interval")
         return RedisCluster.from_url(settings.redis_url, max_connections=max_connections, **options)
     pool = BlockingConnectionPool.from_url(

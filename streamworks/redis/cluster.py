@@ -92,6 +92,7 @@ class _NodeWrite:
     items: list[_Pending] = field(default_factory=list)
     replies: list[Any] = field(default_factory=list)
     waited: Any = None
+    error: Exception | None = None  # the connection failed: replies unknown
 
 
 async def run_cluster_batch(
@@ -112,7 +113,8 @@ async def run_cluster_batch(
 
     Raises:
         ConnectionError, TimeoutError, OSError: a node could not be reached or its
-            replies were lost; the commands sent to it may have run.
+            replies were lost; the commands sent to it may have run (those sent to
+            the other nodes did).
     """
     await _refresh_if_needed(cluster)
     replies: list[Any] = [None] * len(commands)
@@ -129,6 +131,9 @@ async def run_cluster_batch(
         async with anyio.create_task_group() as tg:
             for write in writes.values():
                 tg.start_soon(_send, cluster, write, commands, wait)
+        failed = next((w.error for w in writes.values() if w.error is not None), None)
+        if failed is not None:  # after every node's write ended: the others did run
+            raise failed
         again: list[_Pending] = []
         must_pause = False
         for write in writes.values():
@@ -191,7 +196,7 @@ async def _send(
                 raw.append(await connection.read_response())
             except ResponseError as e:  # an error reply; the connection stays in sync
                 raw.append(e)
-    except BaseException:
+    except BaseException as e:
         # Replies may be left unread on the socket: close the connection (shielded, so
         # a cancellation cannot leave it half-closed), and reload the slot map before
         # the next batch (the node may be gone, its replica promoted).
@@ -201,6 +206,9 @@ async def _send(
             finally:
                 node.release(connection)
         cluster._initialize = True
+        if isinstance(e, Exception):  # raised by run_cluster_batch, not as a group
+            write.error = e
+            return
         raise
     node.release(connection)
     position = 0

@@ -12,17 +12,20 @@ Two settings matter for correctness, not just speed:
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from contextvars import ContextVar
 from typing import Any
 
 import redis as sync_redis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from streamworks.settings import Settings
 
-__all__ = ("RedisClient", "create_redis", "detect_cluster", "is_cluster")
+__all__ = ("RedisClient", "WaitingRedisCluster", "create_redis", "detect_cluster", "is_cluster")
 
 log = logging.getLogger("streamworks.redis")
 
@@ -31,6 +34,59 @@ RedisClient = Redis | RedisCluster
 
 #: Seconds of slack kept between the longest BLOCK and the socket timeout.
 _TIMEOUT_MARGIN = 5.0
+
+
+#: Set while a task runs a command under a permit of :class:`WaitingRedisCluster`: the
+#: commands redis-py sends from inside one (a pipeline's redirected retries) reuse it.
+_HOLDING: ContextVar[bool] = ContextVar("streamworks_cluster_permit", default=False)
+
+
+class WaitingRedisCluster(RedisCluster):
+    """A cluster client that *waits* for a connection when all are in use.
+
+    redis-py's cluster client raises ``MaxConnectionsError`` when a node's
+    ``max_connections`` are taken, where the single-node client's blocking pool waits.
+    Here every command and pipeline holds one permit of ``max_connections`` for its
+    duration, and uses at most one connection per node, so no node's pool is ever
+    exhausted: a burst (a thousand heartbeats at once, many idle shards waiting) queues
+    instead of failing.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._permits = asyncio.Semaphore(int(kwargs.get("max_connections") or 1024))
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if _HOLDING.get():
+            return await super().execute_command(*args, **kwargs)
+        async with self._permits:
+            token = _HOLDING.set(True)
+            try:
+                return await super().execute_command(*args, **kwargs)
+            finally:
+                _HOLDING.reset(token)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # redis-py's error
+        return _WaitingPipeline(self, transaction)  # type: ignore[abstract]
+
+
+class _WaitingPipeline(ClusterPipeline):
+    """A cluster pipeline holding one permit of its client while it executes."""
+
+    async def execute(
+        self, raise_on_error: bool = True, allow_redirections: bool = True
+    ) -> list[Any]:
+        client = self.cluster_client
+        if _HOLDING.get() or not isinstance(client, WaitingRedisCluster):
+            return await super().execute(raise_on_error, allow_redirections)
+        async with client._permits:
+            token = _HOLDING.set(True)
+            try:
+                return await super().execute(raise_on_error, allow_redirections)
+            finally:
+                _HOLDING.reset(token)
 
 
 def is_cluster(redis: Any) -> bool:
@@ -74,7 +130,8 @@ def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
     is unset (auto) and the server says it runs in cluster mode (:func:`detect_cluster`).
 
     The pool *waits* for a free connection instead of failing when all are in use
-    (redis-py's default pool raises at 100). A worker holds one connection per idle
+    (redis-py's default pool raises at 100; on a cluster, see
+    :class:`WaitingRedisCluster`). A worker holds one connection per idle
     shard it owns (the blocking wait for new entries); connections are opened lazily,
     so a large limit costs nothing until used.
     """
@@ -90,7 +147,9 @@ def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
         cluster = detect_cluster(settings.redis_url)
     if cluster:
         options.pop("health_check_interval")
-        return RedisCluster.from_url(settings.redis_url, max_connections=max_connections, **options)
+        return WaitingRedisCluster.from_url(
+            settings.redis_url, max_connections=max_connections, **options
+        )
     pool = BlockingConnectionPool.from_url(
         settings.redis_url, max_connections=max_connections, timeout=10, **options
     )

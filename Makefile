@@ -4,7 +4,7 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 #: Suites that run on a Redis Cluster (`make test-cluster`); tests marked `cluster` in
 #: them (and elsewhere) run on both a single node and the cluster in `make test`.
-CLUSTER_TESTS ?= tests/cluster tests/coordinator tests/resharding
+CLUSTER_TESTS ?= tests/cluster tests/coordinator tests/resharding tests/runtime tests/redis
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .PHONY: venv demo test test-cluster lint format docs bench chaos screenshots clean

@@ -27,6 +27,7 @@ connection says how many replicas acknowledged every write before it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from streamworks.redis.client import _HOLDING
 from streamworks.redis.wire import Arg, pack
 
 __all__ = ("command_key", "node_for_key", "run_cluster_batch")
@@ -116,6 +118,25 @@ async def run_cluster_batch(
             replies were lost; the commands sent to it may have run (those sent to
             the other nodes did).
     """
+    # Like every command of a WaitingRedisCluster (redis/client.py), a batch holds one
+    # of its permits (it uses at most one connection per node), so no node's pool is
+    # ever exhausted.
+    permits: asyncio.Semaphore | None = getattr(cluster, "_permits", None)
+    if permits is None or _HOLDING.get():
+        return await _run(cluster, commands, wait)
+    async with permits:
+        token = _HOLDING.set(True)
+        try:
+            return await _run(cluster, commands, wait)
+        finally:
+            _HOLDING.reset(token)
+
+
+async def _run(
+    cluster: RedisCluster,
+    commands: Sequence[Sequence[Arg]],
+    wait: tuple[int, int] | None,
+) -> tuple[list[Any], list[Any]]:
     await _refresh_if_needed(cluster)
     replies: list[Any] = [None] * len(commands)
     waited: list[Any] = [None] * len(commands)

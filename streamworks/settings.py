@@ -24,6 +24,9 @@ class WorkerSettings(BaseModel):
     read_batch: int = Field(200, ge=1, le=10_000, description="entries per fenced read")
     read_ahead: int = Field(3, ge=1, le=64, description="batches in flight per shard")
     block: float = Field(1.0, gt=0, le=30, description="longest wait for new entries (s)")
+    read_concurrency: int = Field(
+        8, ge=1, le=1024, description="fenced reads of a worker in flight at once"
+    )
     idle_poll: float = Field(
         0.05, gt=0, le=5, description="poll period of idle shards on a Redis Cluster (s)"
     )

@@ -149,9 +149,7 @@ class ShardReader:
         ]
         idle_after, self._idle_after = self._idle_after, None
         reply: Any = None
-        if idle_after is None:
-            reply = await self.worker.scripts.call("read", keys, args)
-        else:
+        if idle_after is not None:
             # Nothing new at the last read: the worker's idle waiter wakes this reader
             # when the stream has an entry after the last one (runtime/waiter.py: one
             # connection per node for every idle shard). The wait reads nothing, so it
@@ -174,6 +172,9 @@ class ShardReader:
             if interrupted:  # the lease was lost: _wait_turn waits for it
                 self._idle_after = idle_after
                 return
+        # At most read_concurrency reads of the worker at once: its pool (one per node
+        # on a cluster) then holds that many connections, not one per shard.
+        async with self.worker.read_slots:
             reply = await self.worker.scripts.call("read", keys, args)
         status = reply[0]
         if status == 1:
@@ -184,6 +185,10 @@ class ShardReader:
             self._refused(status, reply)
 
     async def _claim_round(self) -> None:
+        async with self.worker.read_slots:
+            await self._claim_batch()
+
+    async def _claim_batch(self) -> None:
         reply = await self.worker.scripts.claim(
             keys=[self.stream_key, self.fence_key, self.retry_key],
             args=[self.group, self.consumer, self.token, self._cursor, self._batch],

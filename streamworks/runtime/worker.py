@@ -80,6 +80,8 @@ class Worker:
         self.clock = clock or Clock()
         self.lease = Lease(clock=self.clock)
         self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)
+        # Reads and takeover rounds in flight at once (reader.py): bounds the pool.
+        self.read_slots = anyio.Semaphore(self.settings.worker.read_concurrency)
         self.waiter = IdleWaiter(
             redis, block=self.settings.worker.block, idle_poll=self.settings.worker.idle_poll
         )

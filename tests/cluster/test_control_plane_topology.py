@@ -117,7 +117,7 @@ async def test_grants_keep_working_after_masters_fail_over(
                 leave = beat(old.member_id, -1)
                 failed += await through_failover(lambda r=leave: service.heartbeat("g", r))
             members = [SimMember(f"new{round_}", ["orders"])]
-            failed += await through_failover(lambda: settle(members, service))
+            failed += await through_failover(lambda m=members: settle(m, service))
             assert failed <= 3, failed  # the first commands to the dead node, no more
             assert len(members[0].owned) == SHARDS
             assert await fences_match(redis, keyspace, members)
@@ -155,8 +155,7 @@ async def test_control_slot_migrates_while_members_heartbeat(
 
         async def heartbeats() -> None:
             while moving:
-                for member in members:
-                    answered.append((await member.heartbeat(service, "g")).status)
+                answered.extend([(await m.heartbeat(service, "g")).status for m in members])
                 await anyio.lowlevel.checkpoint()
 
         def migrate() -> None:

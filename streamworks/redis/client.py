@@ -73,20 +73,36 @@ class WaitingRedisCluster(RedisCluster):
 
 
 class _WaitingPipeline(ClusterPipeline):
-    """A cluster pipeline holding one permit of its client while it executes."""
+    """A cluster pipeline holding one permit of its client while it executes.
+
+    It also marks the slot map for a refresh when a node cannot be reached: redis-py's
+    cluster pipeline does so only on its way to a retry, and streamworks' clients do
+    not retry, so without this a pipeline would keep sending to a dead master after
+    its replica took over (single commands refresh by themselves).
+    """
 
     async def execute(
         self, raise_on_error: bool = True, allow_redirections: bool = True
     ) -> list[Any]:
         client = self.cluster_client
         if _HOLDING.get() or not isinstance(client, WaitingRedisCluster):
-            return await super().execute(raise_on_error, allow_redirections)
+            return await self._execute_refreshing(raise_on_error, allow_redirections)
         async with client._permits:
             token = _HOLDING.set(True)
             try:
-                return await super().execute(raise_on_error, allow_redirections)
+                return await self._execute_refreshing(raise_on_error, allow_redirections)
             finally:
                 _HOLDING.reset(token)
+
+    async def _execute_refreshing(self, raise_on_error: bool, redirections: bool) -> list[Any]:
+        try:
+            replies = await super().execute(raise_on_error, redirections)
+        except RedisCluster.ERRORS_ALLOW_RETRY:
+            self.cluster_client._initialize = True  # the next command reloads the slot map
+            raise
+        if any(isinstance(r, RedisCluster.ERRORS_ALLOW_RETRY) for r in replies):
+            self.cluster_client._initialize = True  # a reply lost with its connection
+        return list(replies)
 
 
 def is_cluster(redis: Any) -> bool:

@@ -23,7 +23,8 @@ Tests marked ``@pytest.mark.cluster`` run twice, ``[single]`` and ``[cluster]``
 (the cluster URL is detected as such by ``create_redis``); with
 ``--redis-target=cluster`` (or :envvar:`STREAMWORKS_TEST_REDIS_TARGET`) every
 selected test runs on the cluster only, except those marked ``no_cluster``;
-``--redis-target=single`` runs nothing on the cluster.
+``--redis-target=single`` runs nothing on the cluster. The ini option
+``streamworks_cluster_tests`` lists paths whose tests count as marked ``cluster``.
 
 It also registers the ``seed`` marker that traces tests to requirements E1–E24.
 """
@@ -53,6 +54,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+    parser.addini(
+        "streamworks_cluster_tests",
+        type="linelist",
+        default=[],
+        help="test paths (files or directories, from the rootdir) treated as marked 'cluster'",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "seed(id): traces a seed requirement E1..E24 (SPEC.md)")
     config.addinivalue_line(
@@ -68,7 +77,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "streamworks_redis_url" not in metafunc.fixturenames:
         return
     target = metafunc.config.getoption("--redis-target")
-    marked = metafunc.definition.get_closest_marker("cluster") is not None
+    marked = metafunc.definition.get_closest_marker("cluster") is not None or _listed(
+        metafunc.definition.nodeid, metafunc.config.getini("streamworks_cluster_tests")
+    )
     if target == "cluster":
         no = metafunc.definition.get_closest_marker("no_cluster")
         if no is not None:
@@ -81,6 +92,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     else:
         return  # the single server, without a parameter id
     metafunc.parametrize("streamworks_redis_url", params, indirect=True, scope="session")
+
+
+def _listed(nodeid: str, paths: list[str]) -> bool:
+    file = nodeid.split("::", 1)[0]
+    return any(file == p or file.startswith(p.rstrip("/") + "/") for p in paths)
 
 
 @pytest.fixture(scope="session")
@@ -115,9 +131,14 @@ def streamworks_local_cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def local_cluster(streamworks_local_cluster: LocalCluster) -> Iterator[LocalCluster]:
+def local_cluster(
+    request: pytest.FixtureRequest, streamworks_local_cluster: LocalCluster
+) -> Iterator[LocalCluster]:
     """The session's local cluster for a test that changes its topology: every killed
-    node is restarted and every half-done migration closed afterwards."""
+    node is restarted and every half-done migration closed afterwards. Skipped with
+    ``--redis-target=single``."""
+    if request.config.getoption("--redis-target") == "single":
+        pytest.skip("a cluster test (--redis-target=single)")
     streamworks_local_cluster.wait_healthy()
     yield streamworks_local_cluster
     streamworks_local_cluster.heal()

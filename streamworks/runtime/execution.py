@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 
 from streamworks.exceptions import DecodeError, Retry, Skip
 from streamworks.runtime.dispatcher import Dispatcher, Outcome
+from streamworks.runtime.durability import add_dead_letter
 from streamworks.runtime.handler import HandlerSpec, bind_arguments
 from streamworks.runtime.message import Context, Message
 
@@ -420,7 +421,7 @@ class HandlerRuntime:
             }
         )
         try:
-            await self.worker.redis.xadd(self.dead_letter_key, fields)
+            await add_dead_letter(self.worker, self.dead_letter_key, fields, message.stream)
         except RedisError as e:
             log.warning("dead-letter write of %s failed (%s); will retry", message.id, e)
             return self._clock.monotonic() + _INFRA_RETRY

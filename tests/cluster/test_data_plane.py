@@ -23,6 +23,7 @@ from streamworks.exceptions import BackendError, PublishNotDurableError
 from streamworks.protocol.shards import ShardId
 from streamworks.runtime.message import Message
 from streamworks.runtime.producer import Record
+from streamworks.runtime.retry import RetryPolicy
 from streamworks.testing.cluster import LocalCluster
 from tests.runtime.static_runtime import StaticRuntime
 from tests.support import wait_for
@@ -296,3 +297,37 @@ async def test_chaos_smoke_migration_and_master_kill_with_durable_publishing(
         assert not lost, f"{len(lost)} acknowledged messages lost: {sorted(lost)[:10]}"
         assert not overlaps
         assert failures  # the kill was felt by the producer (and retried)
+
+
+async def test_dead_letters_of_a_durable_stream_wait_for_a_replica(
+    local_cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A dead letter lives on its own node; its write ends with WAIT, so a failover
+    there cannot lose it while the ack of the original survives. Without a connected
+    replica the wait is seen to fail (logged), and the dead letter is still written."""
+    app = App("g")
+    app.stream("orders", shards=1, min_replicas=1, replica_timeout=0.2)
+
+    @app.handler("orders", retry=RetryPolicy(max_attempts=1))
+    async def handle(value: dict[str, int]) -> None:
+        raise RuntimeError("always")
+
+    async with StaticRuntime(app, workers=1, redis_url=local_cluster.url) as rt:
+        await app.publish("orders", {"n": 0})
+        await rt.wait_idle()
+        assert len(await rt.dead_letters("orders")) == 1
+        assert "acknowledged by" not in caplog.text
+        dlq = rt.keyspace.dead_letters("g", "orders")
+        master = local_cluster.master_for_key(dlq)
+        pid = local_cluster._servers[_replica_of(local_cluster, master)].pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with local_cluster.client(master) as client:
+                client.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            await app.publish("orders", {"n": 1}, min_replicas=0)
+            await rt.wait_idle()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert len(await rt.dead_letters("orders")) == 2
+        assert "acknowledged by 0 replica(s), not 1" in caplog.text

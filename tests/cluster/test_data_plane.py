@@ -21,6 +21,9 @@ from redis.crc import key_slot
 from streamworks.app import App
 from streamworks.exceptions import BackendError, PublishNotDurableError
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.client import create_redis
+from streamworks.redis.scripts import Scripts
+from streamworks.runtime.connection import create_producer
 from streamworks.runtime.message import Message
 from streamworks.runtime.producer import Record
 from streamworks.runtime.retry import RetryPolicy
@@ -331,3 +334,40 @@ async def test_dead_letters_of_a_durable_stream_wait_for_a_replica(
             os.kill(pid, signal.SIGCONT)
         assert len(await rt.dead_letters("orders")) == 2
         assert "acknowledged by 0 replica(s), not 1" in caplog.text
+
+
+async def test_a_durable_retry_answered_as_a_duplicate_still_waits_for_the_replica(
+    local_cluster: LocalCluster,
+) -> None:
+    """Retrying a PublishNotDurableError with the same event id, from another
+    connection, finds the entry (a duplicate) and is acknowledged only once a replica
+    has it: the dedup script writes even then, so WAIT covers the earlier entry."""
+    app = App("g")
+    app.stream("orders", shards=1, dedup_window=600)
+    async with StaticRuntime(app, workers=0, redis_url=local_cluster.url) as rt:
+        assert rt.connection is not None
+        key = rt.keyspace.stream(ShardId("orders", 0))
+        master = local_cluster.master_for_key(key)
+        pid = local_cluster._servers[_replica_of(local_cluster, master)].pid
+        assert pid is not None
+        other = create_redis(rt.settings)  # a retry from another producer process
+        retrying = create_producer(app, rt.settings, other, Scripts(other), rt.connection.routing)
+        record = Record({"n": 1}, event_id="e1")
+        os.kill(pid, signal.SIGSTOP)  # connected, but acknowledging nothing
+        try:
+            with pytest.raises(PublishNotDurableError) as first:
+                await app.publish("orders", {"n": 1}, event_id="e1", replica_timeout=0.2,
+                                  min_replicas=1)  # fmt: skip
+            with pytest.raises(PublishNotDurableError) as again:
+                await retrying.publish("orders", record, min_replicas=1, replica_timeout=0.2)
+            [written] = first.value.published
+            [duplicate] = again.value.published
+            assert duplicate.duplicate and duplicate.entry_id == written.entry_id
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        try:
+            done = await retrying.publish("orders", record, min_replicas=1, replica_timeout=10)
+        finally:
+            await other.aclose()
+        assert done.duplicate and done.entry_id == written.entry_id
+        assert len(await rt.redis.xrange(key)) == 1

@@ -27,6 +27,9 @@ class WorkerSettings(BaseModel):
     read_concurrency: int = Field(
         8, ge=1, le=1024, description="fenced reads of a worker in flight at once"
     )
+    own_waits: int = Field(
+        8, ge=0, le=1024, description="idle shards waiting on a connection of their own"
+    )
     idle_poll: float = Field(
         0.05, gt=0, le=5, description="poll period of idle shards on a Redis Cluster (s)"
     )

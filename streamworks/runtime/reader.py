@@ -150,12 +150,11 @@ class ShardReader:
         idle_after, self._idle_after = self._idle_after, None
         reply: Any = None
         if idle_after is not None:
-            # Nothing new at the last read: the worker's idle waiter wakes this reader
-            # when the stream has an entry after the last one (runtime/waiter.py: one
-            # connection per node for every idle shard). The wait reads nothing, so it
-            # cannot take entries from anyone; the fenced read below does, under a valid
-            # lease (SPEC §5): the wait ends before the lease does, and a lease lost
-            # meanwhile (fenced, shortened) interrupts it (interrupt_wait).
+            # Nothing new at the last read: wait for an entry after the last one. The
+            # wait reads nothing (a plain XREAD, no group), so it cannot take entries
+            # from anyone; the fenced read does, under a valid lease (SPEC §5): the wait
+            # ends before the lease does, and a lease lost meanwhile (fenced, shortened)
+            # interrupts it (interrupt_wait).
             left = self.worker.lease.remaining() - 0.05
             timeout = min(self._block_ms / 1000, left)
             if timeout <= 0:
@@ -163,9 +162,23 @@ class ShardReader:
                 with self.worker.clock.move_on_at(self.worker.lease.deadline):
                     await self.worker.lease.wait_changed()
                 return
+            waiter = self.worker.waiter
+            if waiter.take_own_wait():
+                try:
+                    reply = await self._wait_and_read(idle_after, int(timeout * 1000), keys, args)
+                finally:
+                    waiter.release_own_wait()
+                if reply is None:  # interrupted: the queued read may have run, so claim
+                    self._idle_after = idle_after
+                    self.recovering = True
+                    return
+                self._handle_read(reply)
+                return
+            # Every own wait is taken: the worker's shared waiter (runtime/waiter.py, one
+            # connection per node for all other idle shards) wakes this reader.
             try:
                 with anyio.CancelScope() as self._wait_scope:
-                    await self.worker.waiter.wait(self.stream_key, idle_after, timeout)
+                    await waiter.wait(self.stream_key, idle_after, timeout)
                 interrupted = self._wait_scope.cancel_called
             finally:
                 self._wait_scope = None
@@ -176,6 +189,27 @@ class ShardReader:
         # on a cluster) then holds that many connections, not one per shard.
         async with self.worker.read_slots:
             reply = await self.worker.scripts.call("read", keys, args)
+        self._handle_read(reply)
+
+    async def _wait_and_read(
+        self, idle_after: bytes, block_ms: int, keys: list[Arg], args: list[Arg]
+    ) -> Any:
+        """An own wait: ``XREAD BLOCK`` on this shard alone with the fenced read sent
+        right behind it on the same (pooled) connection, so Redis runs the read the
+        moment the wait returns, with no round trip between (the lowest latency; one
+        connection held while idle, hence the worker's ``own_waits`` bound). None when
+        interrupted (a read left queued behind a dropped connection never runs)."""
+        wait: list[Arg] = [
+            "XREAD", "BLOCK", max(1, block_ms), "COUNT", 1, "STREAMS", self.stream_key, idle_after,
+        ]  # fmt: skip
+        try:
+            with anyio.CancelScope() as self._wait_scope:
+                return await self.worker.scripts.call_after(wait, "read", keys, args)
+        finally:
+            self._wait_scope = None
+        return None
+
+    def _handle_read(self, reply: Any) -> None:
         status = reply[0]
         if status == 1:
             self._deliver(reply[1], None)

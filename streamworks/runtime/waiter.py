@@ -1,4 +1,8 @@
-"""Waiting for new entries on every idle shard of a worker: one connection per node.
+"""Waiting for new entries on the idle shards of a worker: one connection per node.
+
+The first ``worker.own_waits`` idle shards (8 by default) wait on a pooled connection
+each, with their fenced read queued behind the wait (``runtime/reader.py``): the
+lowest latency, for a worker with few shards. Every other idle shard waits here.
 
 A shard reader whose fenced read found nothing asks the worker's :class:`IdleWaiter`
 to wake it when its stream has an entry after the last one it saw
@@ -78,22 +82,42 @@ class IdleWaiter:
         redis: the worker's client (a single server or a cluster).
         block: longest single wait (s), ``WorkerSettings.block``.
         idle_poll: poll period (s) on a cluster.
+        own_waits: how many idle shards may instead wait on a connection of their
+            own, with the fenced read queued behind the wait (``reader.py``): the
+            lowest latency for a worker with few shards, one pooled connection each.
     """
 
-    def __init__(self, redis: Any, *, block: float, idle_poll: float = 0.05) -> None:
+    def __init__(
+        self, redis: Any, *, block: float, idle_poll: float = 0.05, own_waits: int = 0
+    ) -> None:
         self._redis = redis
         self._cluster = isinstance(redis, RedisCluster)
         self._block_ms = max(1, int(block * 1000))
         self._idle_poll = idle_poll
         self._nodes: dict[str, _Node] = {}
+        self._own_waits = own_waits
+        self._own = 0
         self._tg: TaskGroup | None = None
         self.wakeups = 0
 
+    def take_own_wait(self) -> bool:
+        """Whether a reader may wait on its own connection (see ``own_waits``); if
+        so, it calls :meth:`release_own_wait` when its wait ends."""
+        if self._own >= self._own_waits:
+            return False
+        self._own += 1
+        return True
+
+    def release_own_wait(self) -> None:
+        self._own -= 1
+
     def statistics(self) -> dict[str, int]:
-        """Nodes with a wait connection, idle shards waited on, wake-ups so far."""
+        """Nodes with a wait connection, idle shards waited on here, own waits out,
+        wake-ups so far."""
         return {
             "nodes": sum(1 for n in self._nodes.values() if n.connection is not None),
             "waiting": sum(len(n.waiting) for n in self._nodes.values()),
+            "own": self._own,
             "wakeups": self.wakeups,
         }
 

@@ -83,7 +83,10 @@ class Worker:
         # Reads and takeover rounds in flight at once (reader.py): bounds the pool.
         self.read_slots = anyio.Semaphore(self.settings.worker.read_concurrency)
         self.waiter = IdleWaiter(
-            redis, block=self.settings.worker.block, idle_poll=self.settings.worker.idle_poll
+            redis,
+            block=self.settings.worker.block,
+            idle_poll=self.settings.worker.idle_poll,
+            own_waits=self.settings.worker.own_waits,
         )
         store: IdempotencyStore = app.idempotency_store or RedisIdempotencyStore(
             redis,

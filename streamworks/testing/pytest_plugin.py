@@ -53,7 +53,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "server and a cluster), single, or cluster (every test, except 'no_cluster' ones)",
     )
 
-
     parser.addini(
         "streamworks_cluster_tests",
         type="linelist",

@@ -29,8 +29,13 @@ Role = Literal["worker", "producer", "coordinator"]
 ROLES: tuple[Role, ...] = ("worker", "producer", "coordinator")
 
 # CLIENT SETINFO is not granted: it does not exist before Redis 7.2, and redis-py
-# ignores its refusal when it announces itself on connect.
-_CONNECTION = ["+ping", "+hello", "+auth", "+select"]
+# ignores its refusal when it announces itself on connect. CLUSTER INFO tells a cluster
+# from a single node when the client is created (redis_cluster=auto); the cluster
+# client learns (and relearns, after a failover) which node owns what with CLUSTER SLOTS,
+# and where each command's keys are with COMMAND (read-only server metadata).
+_CONNECTION = [
+    "+ping", "+hello", "+auth", "+select", "+cluster|info", "+cluster|slots", "+command",
+]  # fmt: skip
 _SCRIPTS = ["+evalsha", "+eval", "+script|load", "+script|exists"]
 
 

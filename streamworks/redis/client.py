@@ -126,6 +126,13 @@ def detect_cluster(url: str, *, timeout: float = 5.0) -> bool:
     )
     try:
         probe.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
+    except sync_redis.exceptions.NoPermissionError:
+        log.warning(
+            "the Redis user may not run CLUSTER INFO, so whether the server is a cluster "
+            "is unknown; using the single-node client (grant +cluster|info, or set "
+            "STREAMWORKS_REDIS_CLUSTER=true or false)"
+        )
+        return False
     except sync_redis.ResponseError:
         return False
     except sync_redis.RedisError as e:

@@ -25,17 +25,8 @@ from streamworks.testing.embedded import EmbeddedRedis
 from streamworks.testing.runtime import fast_settings
 from tests.support import wait_for
 
-#: Until the data plane runs on a cluster (issue 11, the producer's dedup script in a
-#: cluster pipeline): the control plane's part of the test passes there already.
-_DATA_PLANE_PENDING = pytest.mark.xfail(
-    reason="producer: publish_dedup is queued in a cluster pipeline (issue 11 data plane)",
-    strict=True,
-)
 
-
-@pytest.fixture(
-    scope="module", params=["single", pytest.param("cluster", marks=_DATA_PLANE_PENDING)]
-)
+@pytest.fixture(scope="module", params=["single", "cluster"])
 def acl_server(request: pytest.FixtureRequest) -> Any:
     """A server of the test's own (users are server-wide, and the test must not depend
     on, or change, the ACLs of a shared one), or the session's local cluster, where the

@@ -2,9 +2,12 @@
 VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
+#: Suites that run on a Redis Cluster (`make test-cluster`); tests marked `cluster` in
+#: them (and elsewhere) run on both a single node and the cluster in `make test`.
+CLUSTER_TESTS ?= tests/cluster tests/coordinator tests/resharding tests/runtime tests/redis
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv demo test lint format docs bench chaos screenshots clean
+.PHONY: venv demo test test-cluster lint format docs bench chaos screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +23,9 @@ demo: venv ## run the orders example end to end on an embedded Redis
 
 test: venv ## the whole test suite (embedded Redis unless STREAMWORKS_TEST_REDIS_URL is set)
 	$(VENV)/bin/pytest -q
+
+test-cluster: venv ## every cluster-parametrized suite on a local Redis Cluster (3 masters + 3 replicas)
+	$(VENV)/bin/pytest -q --redis-target=cluster $(CLUSTER_TESTS)
 
 lint: venv ## ruff + mypy strict + the import contract of the layers (.importlinter)
 	$(VENV)/bin/ruff check streamworks tests bench examples

@@ -18,6 +18,14 @@ a real coordinator subprocess (`streamworks coordinator`) reached over HTTP:
   Target: ≤ 1 s.
 
 Run: ``python bench/control_plane.py`` (``--quick`` for a short run).
+
+``--cluster``: the heartbeat benchmarks on a single node and on a local Redis Cluster
+(3 masters + 3 replicas) in the same run, with the load each Redis node carries —
+commands/s and CPU (``INFO stats``/``INFO cpu`` deltas) while every member heartbeats
+once per interval (steady) and while heartbeats go back to back (saturated). Every
+control key shares the slot ``{<prefix>}``, so one master carries all of it; the
+others show what the cluster's own gossip costs. Writes
+``bench/results/control_plane_cluster.json``.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +52,7 @@ from streamworks.coordinator.core import Topology, assign_uniform
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse
+from streamworks.testing.cluster import LocalCluster
 from streamworks.testing.embedded import EmbeddedRedis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -204,11 +214,66 @@ async def bench_failover(redis_url: str, runs: int) -> dict[str, Any]:
     return {"failover_s": times, "median_s": statistics.median(times), "lease_ttl_s": 10.0}
 
 
-async def bench_members(redis_url: str, members: int, seconds: float) -> dict[str, Any]:
+class NodeLoad:
+    """Commands and CPU seconds of Redis nodes between two :meth:`mark` calls."""
+
+    def __init__(self, ports: dict[int, str]) -> None:
+        self.ports = ports  # port -> label
+        self.phases: dict[str, dict[str, dict[str, float]]] = {}
+        self._last: tuple[float, dict[int, tuple[int, float]]] | None = None
+
+    def _sample(self) -> dict[int, tuple[int, float]]:
+        import redis as sync_redis
+
+        out = {}
+        for port in self.ports:
+            client = sync_redis.Redis(port=port)
+            try:
+                stats, cpu = client.info("stats"), client.info("cpu")
+            finally:
+                client.close()
+            busy = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+            out[port] = (int(stats["total_commands_processed"]), busy)
+        return out
+
+    def mark(self, phase: str | None) -> None:
+        """End the running phase (if any) and start ``phase`` (None: none)."""
+        now, sample = time.monotonic(), self._sample()
+        if self._last is not None and self._phase is not None:
+            t0, before = self._last
+            wall = now - t0
+            self.phases[self._phase] = {
+                self.ports[p]: {
+                    "commands_per_s": (sample[p][0] - before[p][0]) / wall,
+                    "cpu_percent": 100 * (sample[p][1] - before[p][1]) / wall,
+                }
+                for p in self.ports
+            }
+        self._last, self._phase = (now, sample), phase
+
+    _phase: str | None = None
+
+
+def cluster_nodes(cluster: LocalCluster, prefix: str) -> dict[int, str]:
+    """Label of every master: which one owns the control slot ``{prefix}``."""
+    control = cluster.master_for_key(f"{{{prefix}}}")
+    return {
+        n.port: f"{n.port} (control slot)" if n.port == control else f"{n.port}"
+        for n in cluster.masters()
+    }
+
+
+async def bench_members(
+    redis_url: str,
+    members: int,
+    seconds: float,
+    load: Callable[[str], NodeLoad] | None = None,
+) -> dict[str, Any]:
     port = free_port()
     prefix = f"hb{uuid.uuid4().hex[:6]}"
     procs = Processes(redis_url, port, {"STREAMWORKS_KEY_PREFIX": prefix})
     result: dict[str, Any] = {"members": members}
+    nodes = load(prefix) if load is not None else None
     try:
         procs.start("coordinator")
         await procs.ready()
@@ -255,6 +320,8 @@ async def bench_members(redis_url: str, members: int, seconds: float) -> dict[st
             await settle(group)
             # Latency of steady no-change heartbeats, each member once per interval.
             latencies: list[float] = []
+            if nodes is not None:
+                nodes.mark("steady")
             deadline = time.monotonic() + seconds
 
             async def paced(member: SimulatedMember, offset: float) -> None:
@@ -278,6 +345,8 @@ async def bench_members(redis_url: str, members: int, seconds: float) -> dict[st
                 await conn.close()
 
             await asyncio.gather(*(paced(m, i / len(group)) for i, m in enumerate(group)))
+            if nodes is not None:
+                nodes.mark(None)
             result["latency_p50_ms"] = percentile(latencies, 0.5) * 1000
             result["latency_p99_ms"] = percentile(latencies, 0.99) * 1000
             result["latency_samples"] = len(latencies)
@@ -309,9 +378,14 @@ async def bench_members(redis_url: str, members: int, seconds: float) -> dict[st
                     i += 16
                 await conn.close()
 
+            if nodes is not None:
+                nodes.mark("saturated")
             t0 = time.monotonic()
             await asyncio.gather(*(hammer(k) for k in range(16)))
             result["throughput_per_s"] = count / (time.monotonic() - t0)
+            if nodes is not None:
+                nodes.mark(None)
+                result["nodes"] = nodes.phases
     finally:
         procs.stop()
     return result
@@ -362,14 +436,55 @@ async def run(args: argparse.Namespace) -> None:
     (out / "control_plane.json").write_text(json.dumps(results, indent=2))
 
 
+async def run_cluster(args: argparse.Namespace) -> None:
+    """The heartbeat benchmarks on one node and on a 3-master cluster, with node load."""
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}"
+    }
+    print(f"# {results['machine']}")
+    server = EmbeddedRedis().start()
+    cluster = LocalCluster().start()
+    try:
+        targets: list[tuple[str, str, Callable[[str], NodeLoad]]] = [
+            ("single", server.url, lambda _p: NodeLoad({server.port: f"{server.port}"})),
+            ("cluster", cluster.url, lambda p: NodeLoad(cluster_nodes(cluster, p))),
+        ]
+        for name, url, load in targets:
+            for n in args.members:
+                r = await bench_members(url, n, args.seconds, load)
+                results[f"{name}_members_{n}"] = r
+                print(
+                    f"{name:7s} {n:5d} members: heartbeat p50 {r['latency_p50_ms']:.2f} ms "
+                    f"p99 {r['latency_p99_ms']:.2f} ms, throughput {r['throughput_per_s']:,.0f}/s"
+                )
+                for phase, per_node in r["nodes"].items():
+                    for node, v in per_node.items():
+                        print(
+                            f"    {phase:9s} node {node:22s} {v['commands_per_s']:9,.0f} cmd/s "
+                            f"{v['cpu_percent']:5.1f}% CPU"
+                        )
+    finally:
+        cluster.stop()
+        server.stop()
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "control_plane_cluster.json").write_text(json.dumps(results, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--members", type=int, nargs="+", default=[200, 1000])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--failover-runs", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="skip the failover runs")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="heartbeat benchmarks on one node and on a local 3-master cluster, with the "
+        "commands/s and CPU of every Redis node",
+    )
     args = parser.parse_args()
-    asyncio.run(run(args))
+    asyncio.run(run_cluster(args) if args.cluster else run(args))
 
 
 if __name__ == "__main__":

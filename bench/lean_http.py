@@ -34,7 +34,10 @@ class LeanConnection:
             f"Content-Length: {len(payload)}\r\n\r\n"
         ).encode()
         self._writer.write(head + payload)
-        status_line = await self._reader.readline()
+        try:
+            status_line = await self._reader.readline()
+        except ConnectionResetError:  # closed idle, and our request hit it (a reset)
+            status_line = b""
         if not status_line:
             # The server closed the idle keep-alive connection (uvicorn: after 5 s):
             # open a new one and send the request again.

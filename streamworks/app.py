@@ -26,7 +26,7 @@ from streamworks.protocol.codec import Codec, JsonCodec
 from streamworks.protocol.shards import validate_name
 from streamworks.runtime.handler import HandlerSpec, Ordering, build_plan
 from streamworks.runtime.message import Context
-from streamworks.runtime.producer import Published, Record
+from streamworks.runtime.producer import Producer, Published, Record
 from streamworks.runtime.retry import RetryPolicy
 from streamworks.settings import Settings
 
@@ -61,6 +61,11 @@ class StreamSpec:
         dedup_window: seconds an event id is remembered per shard by idempotent
             publish; None disables shard-level publish dedup.
         start: where this group starts if the stream already exists.
+        min_replicas: durable publishing: a publish returns only once this many
+            replicas of the shard's primary have the entry (``WAIT``), else it raises
+            :class:`~streamworks.exceptions.PublishNotDurableError`; 0 returns once the
+            primary has it (see docs/cluster.md for what a failover can lose then).
+        replica_timeout: seconds a publish waits for those replicas.
     """
 
     name: str
@@ -69,6 +74,8 @@ class StreamSpec:
     delete_on_ack: bool = False
     dedup_window: float | None = None
     start: StartPosition = "earliest"
+    min_replicas: int = 0
+    replica_timeout: float = 1.0
 
 
 class App:
@@ -134,6 +141,8 @@ class App:
         delete_on_ack: bool = False,
         dedup_window: float | None = None,
         start: StartPosition = "earliest",
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> StreamSpec:
         """Declare a stream. Creating it happens through the coordinator; a declaration
         never rescales an existing stream (use ``streamworks streams scale``)."""
@@ -144,7 +153,20 @@ class App:
             raise ConfigurationError(f"stream {name!r}: retention must be positive")
         if start not in ("earliest", "latest"):
             raise ConfigurationError(f"stream {name!r}: start must be 'earliest' or 'latest'")
-        spec = StreamSpec(name, shards, retention, delete_on_ack, dedup_window, start)
+        if type(min_replicas) is not int or min_replicas < 0:
+            raise ConfigurationError(f"stream {name!r}: min_replicas must be an int >= 0")
+        if not replica_timeout > 0:
+            raise ConfigurationError(f"stream {name!r}: replica_timeout must be positive")
+        spec = StreamSpec(
+            name,
+            shards,
+            retention,
+            delete_on_ack,
+            dedup_window,
+            start,
+            min_replicas,
+            replica_timeout,
+        )
         self.streams[name] = spec
         return spec
 
@@ -289,19 +311,52 @@ class App:
         key: str | None = None,
         event_id: str | None = None,
         headers: Mapping[str, str] | None = None,
+        min_replicas: int | None = None,
+        replica_timeout: float | None = None,
     ) -> Published:
-        """Publish one message to ``stream``."""
-        chain = self._publish_chain
+        """Publish one message to ``stream``.
+
+        ``min_replicas``/``replica_timeout`` override the stream's durable publishing
+        (``app.stream(min_replicas=...)``) for this call; see docs/cluster.md.
+        """
+        record = Record(value, key, event_id, headers)
+        chain = self._chain_for(min_replicas, replica_timeout)
         if chain is None:
             producer = self.connection.producer
-            return await producer.publish(stream, Record(value, key, event_id, headers))
-        return (await chain(stream, (Record(value, key, event_id, headers),)))[0]
+            return await producer.publish(
+                stream, record, min_replicas=min_replicas, replica_timeout=replica_timeout
+            )
+        return (await chain(stream, (record,)))[0]
 
-    async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
-        """Publish records in one pipeline; one :class:`Published` per record, in order."""
+    def _chain_for(
+        self, min_replicas: int | None, replica_timeout: float | None
+    ) -> PublishNext | None:
+        """The publish middleware chain (None: no middleware), ending in a publish
+        with this call's durability options when it has any."""
         chain = self._publish_chain
+        if chain is None or (min_replicas is None and replica_timeout is None):
+            return chain
+        return compose_publish(
+            self.middleware,
+            _DurablePublisher(  # type: ignore[arg-type]  # quacks like Producer.publish_many
+                self.connection.producer, min_replicas, replica_timeout
+            ),
+        )
+
+    async def publish_many(
+        self,
+        stream: str,
+        records: Sequence[Record],
+        *,
+        min_replicas: int | None = None,
+        replica_timeout: float | None = None,
+    ) -> list[Published]:
+        """Publish records in one pipeline; one :class:`Published` per record, in order."""
+        chain = self._chain_for(min_replicas, replica_timeout)
         if chain is None:
-            return await self.connection.producer.publish_many(stream, records)
+            return await self.connection.producer.publish_many(
+                stream, records, min_replicas=min_replicas, replica_timeout=replica_timeout
+            )
         return await chain(stream, records)
 
     # -- connections -----------------------------------------------------------------
@@ -445,3 +500,24 @@ class SyncPublisher:
     def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
         result: list[Published] = self._portal.call(self._app.publish_many, stream, records)
         return result
+
+
+class _DurablePublisher:
+    """The end of an ad-hoc publish chain: the producer with one call's durability."""
+
+    __slots__ = ("_min_replicas", "_producer", "_replica_timeout")
+
+    def __init__(
+        self, producer: Producer, min_replicas: int | None, replica_timeout: float | None
+    ) -> None:
+        self._producer = producer
+        self._min_replicas = min_replicas
+        self._replica_timeout = replica_timeout
+
+    async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
+        return await self._producer.publish_many(
+            stream,
+            records,
+            min_replicas=self._min_replicas,
+            replica_timeout=self._replica_timeout,
+        )

@@ -9,6 +9,7 @@ Every error streamworks raises derives from :class:`StreamworksError`::
     ├── BackendError                       Redis failed or answered something unexpected
     ├── PublishError                       a message could not be published
     │   ├── NoShardsError                  the stream has zero shards (E14)
+    │   ├── PublishNotDurableError         written, but too few replicas acknowledged in time
     │   ├── RoutingUnavailableError        routing lease expired without refresh (E1), retryable
     │   └── ShardRetiredError              routing kept pointing at retired shards (E16)
     ├── CoordinatorError                   the coordinator answered with an error
@@ -26,6 +27,8 @@ Control-flow signals a handler raises are *not* errors and live apart, under
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = (
     "BackendError",
     "ConfigurationError",
@@ -37,6 +40,7 @@ __all__ = (
     "NoShardsError",
     "NotConnectedError",
     "PublishError",
+    "PublishNotDurableError",
     "Retry",
     "RoutingUnavailableError",
     "ShardRetiredError",
@@ -76,6 +80,26 @@ class PublishError(StreamworksError):
 
 class NoShardsError(PublishError):
     """The stream's routing has zero shards (E14)."""
+
+
+class PublishNotDurableError(PublishError):
+    """Durable publishing (``min_replicas``): the entries were written to the shard's
+    primary, but fewer replicas than asked acknowledged them before the timeout, so a
+    failover may still lose them. Retrying is safe with an ``event_id`` and a dedup
+    window (the retry is then a duplicate, not a second entry); without, a retry may
+    write a message twice.
+
+    Attributes:
+        published: every record of the call, in order (all of them were written).
+        not_durable: those whose replicas did not acknowledge in time.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, published: list[Any], not_durable: list[Any]):
+        super().__init__(message)
+        self.published = published
+        self.not_durable = not_durable
 
 
 class RoutingUnavailableError(PublishError):

@@ -24,6 +24,15 @@ class WorkerSettings(BaseModel):
     read_batch: int = Field(200, ge=1, le=10_000, description="entries per fenced read")
     read_ahead: int = Field(3, ge=1, le=64, description="batches in flight per shard")
     block: float = Field(1.0, gt=0, le=30, description="longest wait for new entries (s)")
+    read_concurrency: int = Field(
+        8, ge=1, le=1024, description="fenced reads of a worker in flight at once"
+    )
+    own_waits: int = Field(
+        8, ge=0, le=1024, description="idle shards waiting on a connection of their own"
+    )
+    idle_poll: float = Field(
+        0.05, gt=0, le=5, description="poll period of idle shards on a Redis Cluster (s)"
+    )
     shutdown_timeout: float = Field(30.0, ge=0, description="in-flight time on SIGTERM (s)")
     lease_grace: float | None = Field(
         None,
@@ -82,7 +91,9 @@ class Settings(BaseSettings):
     )
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_cluster: bool = False
+    #: ``None`` (the default, or ``auto``): ask the server (``CLUSTER INFO``) when the
+    #: client is created; ``True``/``False`` force the cluster or single-node client.
+    redis_cluster: bool | None = None
     key_prefix: str = Field("sw", pattern=r"^[A-Za-z0-9._-]{1,32}$")
     coordinator_urls: Annotated[list[str], NoDecode] = ["http://127.0.0.1:7400"]
     token: SecretStr | None = None
@@ -99,6 +110,13 @@ class Settings(BaseSettings):
     worker: WorkerSettings = WorkerSettings()
     producer: ProducerSettings = ProducerSettings()
     coordinator: CoordinatorSettings = CoordinatorSettings()
+
+    @field_validator("redis_cluster", mode="before")
+    @classmethod
+    def _auto_cluster(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("", "auto"):
+            return None
+        return value
 
     @field_validator("coordinator_urls", mode="before")
     @classmethod

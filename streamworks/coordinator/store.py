@@ -43,9 +43,10 @@ from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import ShardGroupInfo
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.client import is_cluster
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.namespace import claim_namespace
-from streamworks.redis.scripts import Scripts
+from streamworks.redis.scripts import ScriptCall, Scripts
 
 __all__ = (
     "Conflict",
@@ -56,6 +57,9 @@ __all__ = (
 )
 
 log = logging.getLogger("streamworks.coordinator.store")
+
+#: The server's ``TIME`` from a script on a control key (cluster: that key's node).
+_TIME_LUA = "return redis.call('TIME')"
 
 #: Seconds between two log lines about the same fail-closed problem.
 _REPORT_EVERY = 10.0
@@ -135,6 +139,7 @@ class Store:
         self.redis = redis
         self.keyspace = keyspace
         self.scripts = Scripts(redis)
+        self._cluster = is_cluster(redis)
         self._mutex_ms = int(mutex_ttl * 1000)
         self._mutex_wait = mutex_wait
         self._groups: dict[str, tuple[int, Group]] = {}
@@ -155,8 +160,20 @@ class Store:
     # -- time and mutexes ------------------------------------------------------------
     async def now_ms(self) -> int:
         """Redis server time in ms: every deadline uses the same clock (PROTOCOL §1.5)."""
-        seconds, micros = await self.redis.time()
+        if self._cluster:
+            seconds, micros = await self.redis.eval(_TIME_LUA, 1, self.keyspace.registry_groups())
+        else:
+            seconds, micros = await self.redis.time()
         return int(seconds) * 1000 + int(micros) // 1000 + self.clock.offset_ms
+
+    def _queue_time(self, pipe: Any) -> None:
+        """Queue the control node's ``TIME`` on ``pipe``. A cluster pipeline refuses
+        keyless ``TIME`` (and a cluster client would ask any node): a script on a
+        control key runs it on the node whose clock the control scripts use."""
+        if self._cluster:
+            pipe.execute_command("EVAL", _TIME_LUA, 1, self.keyspace.registry_groups())
+        else:
+            pipe.time()
 
     @contextlib.asynccontextmanager
     async def mutex(self, key: str) -> AsyncIterator[None]:
@@ -212,7 +229,7 @@ class Store:
         key = self.keyspace.group_meta(group_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(key, ["rev", "cid"])
-        pipe.time()
+        self._queue_time(pipe)
         (raw_rev, raw_cid), (seconds, micros) = await pipe.execute()
         now_ms = int(seconds) * 1000 + int(micros) // 1000 + self.clock.offset_ms
         rev = _revision(raw_rev, raw_cid)
@@ -473,15 +490,13 @@ class Store:
         fences = list(fences)
         if not fences:
             return []
-        pipe = self.redis.pipeline(transaction=False)
+        calls: list[ScriptCall] = []
         for fence in fences:
             shard = ShardId.parse(fence.shard)
-            await self.scripts.fence(
-                keys=[self.keyspace.fence(shard, group_id), self.keyspace.stream(shard)],
-                args=[fence.epoch, fence.member_id],
-                client=pipe,
-            )
-        replies = await pipe.execute()
+            keys = [self.keyspace.fence(shard, group_id), self.keyspace.stream(shard)]
+            calls.append(("fence", keys, [fence.epoch, fence.member_id]))
+        # One pipeline per node on a cluster, loading fence.lua where a node lost it.
+        replies = await self.scripts.pipelined(calls)
         refused = []
         for fence, reply in zip(fences, replies, strict=True):
             if reply[0] == 0:  # (-2: the shard was retired meanwhile, nothing to fence)

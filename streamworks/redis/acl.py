@@ -30,8 +30,13 @@ Role = Literal["worker", "producer", "coordinator"]
 ROLES: tuple[Role, ...] = ("worker", "producer", "coordinator")
 
 # CLIENT SETINFO is not granted: it does not exist before Redis 7.2, and redis-py
-# ignores its refusal when it announces itself on connect.
-_CONNECTION = ["+ping", "+hello", "+auth", "+select"]
+# ignores its refusal when it announces itself on connect. CLUSTER INFO tells a cluster
+# from a single node when the client is created (redis_cluster=auto); the cluster
+# client learns (and relearns, after a failover) which node owns what with CLUSTER SLOTS,
+# and where each command's keys are with COMMAND (read-only server metadata).
+_CONNECTION = [
+    "+ping", "+hello", "+auth", "+select", "+cluster|info", "+cluster|slots", "+command",
+]  # fmt: skip
 _SCRIPTS = ["+evalsha", "+eval", "+script|load", "+script|exists"]
 
 
@@ -50,6 +55,9 @@ def _rules(role: Role, prefix: str) -> list[str]:
             "+exists", "+get", "+xreadgroup", "+xrevrange", "+xautoclaim", "+xpending",
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
+            # the idle waiter cuts its own shared XREAD BLOCK short when a shard joins it
+            # (runtime/waiter.py); CLIENT UNBLOCK only ends a wait early, as a timeout would
+            "+client|id", "+client|unblock",
             "+hget", "+hset", "+hdel", "+hincrby",  # retry records (fenced in scripts)
             f"(~{keys.shard_groups_pattern()} +smembers)",  # groups that must exist (trim.lua)
             dedup,  # idempotent publish from a handler

@@ -12,15 +12,22 @@ Two settings matter for correctness, not just speed:
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from contextvars import ContextVar
 from typing import Any
 
+import redis as sync_redis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterPipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from streamworks.settings import Settings
 
-__all__ = ("RedisClient", "create_redis")
+__all__ = ("RedisClient", "WaitingRedisCluster", "create_redis", "detect_cluster", "is_cluster")
+
+log = logging.getLogger("streamworks.redis")
 
 #: What streamworks accepts as a client: a single server or a cluster.
 RedisClient = Redis | RedisCluster
@@ -29,12 +36,125 @@ RedisClient = Redis | RedisCluster
 _TIMEOUT_MARGIN = 5.0
 
 
+#: Set while a task runs a command under a permit of :class:`WaitingRedisCluster`: the
+#: commands redis-py sends from inside one (a pipeline's redirected retries) reuse it.
+_HOLDING: ContextVar[bool] = ContextVar("streamworks_cluster_permit", default=False)
+
+
+class WaitingRedisCluster(RedisCluster):
+    """A cluster client that *waits* for a connection when all are in use.
+
+    redis-py's cluster client raises ``MaxConnectionsError`` when a node's
+    ``max_connections`` are taken, where the single-node client's blocking pool waits.
+    Here every command and pipeline holds one permit of ``max_connections`` for its
+    duration, and uses at most one connection per node, so no node's pool is ever
+    exhausted: a burst (a thousand heartbeats at once, many idle shards waiting) queues
+    instead of failing.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._permits = asyncio.Semaphore(int(kwargs.get("max_connections") or 1024))
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if _HOLDING.get():
+            return await super().execute_command(*args, **kwargs)
+        async with self._permits:
+            token = _HOLDING.set(True)
+            try:
+                return await super().execute_command(*args, **kwargs)
+            finally:
+                _HOLDING.reset(token)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # redis-py's error
+        return _WaitingPipeline(self, transaction)  # type: ignore[abstract]
+
+
+class _WaitingPipeline(ClusterPipeline):
+    """A cluster pipeline holding one permit of its client while it executes.
+
+    It also marks the slot map for a refresh when a node cannot be reached: redis-py's
+    cluster pipeline does so only on its way to a retry, and streamworks' clients do
+    not retry, so without this a pipeline would keep sending to a dead master after
+    its replica took over (single commands refresh by themselves).
+    """
+
+    async def execute(
+        self, raise_on_error: bool = True, allow_redirections: bool = True
+    ) -> list[Any]:
+        client = self.cluster_client
+        if _HOLDING.get() or not isinstance(client, WaitingRedisCluster):
+            return await self._execute_refreshing(raise_on_error, allow_redirections)
+        async with client._permits:
+            token = _HOLDING.set(True)
+            try:
+                return await self._execute_refreshing(raise_on_error, allow_redirections)
+            finally:
+                _HOLDING.reset(token)
+
+    async def _execute_refreshing(self, raise_on_error: bool, redirections: bool) -> list[Any]:
+        try:
+            replies = await super().execute(raise_on_error, redirections)
+        except RedisCluster.ERRORS_ALLOW_RETRY:
+            self.cluster_client._initialize = True  # the next command reloads the slot map
+            raise
+        if any(isinstance(r, RedisCluster.ERRORS_ALLOW_RETRY) for r in replies):
+            self.cluster_client._initialize = True  # a reply lost with its connection
+        return list(replies)
+
+
+def is_cluster(redis: Any) -> bool:
+    """Whether ``redis`` is a Redis Cluster client."""
+    return isinstance(redis, RedisCluster)
+
+
+def detect_cluster(url: str, *, timeout: float = 5.0) -> bool:
+    """Whether the server at ``url`` runs in cluster mode (``CLUSTER INFO`` answers).
+
+    A server without cluster support answers ``CLUSTER INFO`` with an error, as does
+    one whose ACL does not grant it (the role ACLs of ``streamworks admin acl`` grant
+    it); both mean the single-node client. An unreachable server is taken as single
+    node, with a warning: set ``redis_cluster`` to say which explicitly. This runs
+    once, when a client is created (one round trip, before any traffic).
+    """
+    if url.startswith("unix:"):
+        return False  # cluster nodes are TCP only
+    probe = sync_redis.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=None
+    )
+    try:
+        probe.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
+    except sync_redis.exceptions.NoPermissionError:
+        log.warning(
+            "the Redis user may not run CLUSTER INFO, so whether the server is a cluster "
+            "is unknown; using the single-node client (grant +cluster|info, or set "
+            "STREAMWORKS_REDIS_CLUSTER=true or false)"
+        )
+        return False
+    except sync_redis.ResponseError:
+        return False
+    except sync_redis.RedisError as e:
+        log.warning(
+            "could not ask the server whether it is a cluster (%s); using the single-node "
+            "client (set STREAMWORKS_REDIS_CLUSTER=true or false to say)",
+            e,
+        )
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
     """Create an asyncio client for ``settings.redis_url`` (``redis://``, ``rediss://``,
-    ``unix://``); a cluster client when ``settings.redis_cluster`` is set.
+    ``unix://``): a cluster client when ``settings.redis_cluster`` is true, or when it
+    is unset (auto) and the server says it runs in cluster mode (:func:`detect_cluster`).
 
     The pool *waits* for a free connection instead of failing when all are in use
-    (redis-py's default pool raises at 100). A worker holds one connection per idle
+    (redis-py's default pool raises at 100; on a cluster, see
+    :class:`WaitingRedisCluster`). A worker holds one connection per idle
     shard it owns (the blocking wait for new entries); connections are opened lazily,
     so a large limit costs nothing until used.
     """
@@ -45,9 +165,14 @@ def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 30,
     }
-    if settings.redis_cluster:
+    cluster = settings.redis_cluster
+    if cluster is None:
+        cluster = detect_cluster(settings.redis_url)
+    if cluster:
         options.pop("health_check_interval")
-        return RedisCluster.from_url(settings.redis_url, max_connections=max_connections, **options)
+        return WaitingRedisCluster.from_url(
+            settings.redis_url, max_connections=max_connections, **options
+        )
     pool = BlockingConnectionPool.from_url(
         settings.redis_url, max_connections=max_connections, timeout=10, **options
     )

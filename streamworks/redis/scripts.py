@@ -8,10 +8,12 @@ never assembled inside Lua, so each script stays within one Cluster slot.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from redis.asyncio import RedisCluster
 from redis.exceptions import NoScriptError
 
 from streamworks.redis.wire import Arg, call, run_batch
@@ -19,7 +21,10 @@ from streamworks.redis.wire import Arg, call, run_batch
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
 
-__all__ = ("SCRIPT_NAMES", "Scripts", "load_script")
+__all__ = ("SCRIPT_NAMES", "ScriptCall", "Scripts", "load_script")
+
+#: One script call of :meth:`Scripts.pipelined`: name, ``KEYS``, ``ARGV``.
+ScriptCall = tuple[str, Sequence[Arg], Sequence[Arg]]
 
 #: Every script shipped with streamworks (file name without ``.lua``).
 SCRIPT_NAMES = (
@@ -77,6 +82,11 @@ class Scripts:
         for name in SCRIPT_NAMES:
             setattr(self, name, client.register_script(load_script(name)))
 
+    @property
+    def client(self) -> Any:
+        """The Redis client the scripts run on."""
+        return self._client
+
     async def call(self, name: str, keys: list[Arg], args: list[Arg]) -> Any:
         """Run script ``name`` with less per-call work than redis-py's script object
         (hand-packed ``EVALSHA``, see :mod:`streamworks.redis.wire`): for the hot
@@ -107,3 +117,45 @@ class Scripts:
         if isinstance(reply, Exception):
             raise reply
         return reply
+
+    async def pipelined(
+        self, calls: Sequence[ScriptCall], *, raise_on_error: bool = True
+    ) -> list[Any]:
+        """Run script ``calls`` in one pipeline (on a cluster: one per node, in
+        parallel) and return their replies in order.
+
+        On a single node redis-py's pipeline loads missing scripts before sending. Its
+        cluster pipeline does not, so a node that restarted or was promoted answers
+        ``NOSCRIPT``: those calls (they did not run) are sent again after loading their
+        scripts on every master.
+
+        Args:
+            calls: ``(name, keys, args)`` per call.
+            raise_on_error: raise the first error reply (else it is returned in place).
+        """
+        if not calls:
+            return []
+        if not isinstance(self._client, RedisCluster):
+            pipe = self._client.pipeline(transaction=False)
+            for name, keys, args in calls:
+                await getattr(self, name)(keys=list(keys), args=list(args), client=pipe)
+            return list(await pipe.execute(raise_on_error=raise_on_error))
+        replies = await self._cluster_pipeline(calls)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            for name in sorted({calls[i][0] for i in missing}):
+                await self._client.script_load(getattr(self, name).script)
+            again = await self._cluster_pipeline([calls[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
+
+    async def _cluster_pipeline(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for name, keys, args in calls:
+            pipe.execute_command("EVALSHA", getattr(self, name).sha, len(keys), *keys, *args)
+        return list(await pipe.execute(raise_on_error=False))

@@ -5,7 +5,8 @@ wraps each command of a pipeline in bookkeeping. On the hot paths — ``XADD`` o
 publish batch, ``XACK`` of an ack flush — streamworks already holds its arguments
 as ``bytes``/``str``, so it writes the RESP request itself and sends a batch on one
 pooled connection in one write, then reads one reply per command. A Redis Cluster
-client keeps using redis-py's pipeline (it routes commands per node).
+client's batch goes out the same way, one write per node (:mod:`streamworks.redis.cluster`
+groups the commands by slot owner and follows ``MOVED``/``ASK``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ResponseError
 
-__all__ = ("call", "pack", "run_batch")
+__all__ = ("call", "pack", "run_batch", "run_batch_wait")
 
 Arg = bytes | str | int
 
@@ -43,17 +44,55 @@ async def run_batch(redis: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
     reply is returned as its :class:`ResponseError` (the caller decides)."""
     if not commands:
         return []
-    if type(redis) is not Redis:  # cluster (or anything else): redis-py's pipeline
-        pipe = redis.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        return list(await pipe.execute(raise_on_error=False))
+    if type(redis) is not Redis:
+        return (await _other_batch(redis, commands, None))[0]
+    return (await _single_batch(redis, commands, None))[0]
+
+
+async def run_batch_wait(
+    redis: Any, commands: Sequence[Sequence[Arg]], replicas: int, timeout_ms: int
+) -> tuple[list[Any], list[Any]]:
+    """:func:`run_batch`, each write ending with ``WAIT replicas timeout_ms`` on the same
+    connection: ``(replies, waited)``, ``waited[i]`` the number of replicas that
+    acknowledged command ``i``'s write (or the ``WAIT``'s error reply)."""
+    if not commands:
+        return [], []
+    if type(redis) is not Redis:
+        return await _other_batch(redis, commands, (replicas, timeout_ms))
+    return await _single_batch(redis, commands, (replicas, timeout_ms))
+
+
+async def _other_batch(
+    redis: Any, commands: Sequence[Sequence[Arg]], wait: tuple[int, int] | None
+) -> tuple[list[Any], list[Any]]:
+    if isinstance(redis, RedisCluster):
+        from streamworks.redis.cluster import run_cluster_batch  # imports wire: a cycle
+
+        return await run_cluster_batch(redis, commands, wait=wait)
+    # Anything else (a redis-py subclass, a pipeline-capable stand-in): its pipeline.
+    pipe = redis.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    if wait is not None:
+        pipe.execute_command("WAIT", *wait)
+    replies = list(await pipe.execute(raise_on_error=False))
+    if wait is None:
+        return replies, [None] * len(commands)
+    return replies[:-1], [replies[-1]] * len(commands)
+
+
+async def _single_batch(
+    redis: Redis, commands: Sequence[Sequence[Arg]], wait: tuple[int, int] | None
+) -> tuple[list[Any], list[Any]]:
     pool = redis.connection_pool
     connection = await pool.get_connection()  # type: ignore[no-untyped-call]
+    packed = [pack(c) for c in commands]
+    if wait is not None:
+        packed.append(pack(["WAIT", *wait]))
     try:
-        await connection.send_packed_command(b"".join([pack(c) for c in commands]))
+        await connection.send_packed_command(b"".join(packed))
         replies: list[Any] = []
-        for _ in commands:
+        for _ in packed:
             try:
                 replies.append(await connection.read_response())
             except ResponseError as e:  # an error reply; the connection stays in sync
@@ -62,7 +101,9 @@ async def run_batch(redis: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         await _discard(pool, connection)
         raise
     await pool.release(connection)
-    return replies
+    if wait is None:
+        return replies, [None] * len(commands)
+    return replies[:-1], [replies[-1]] * len(commands)
 
 
 async def call(redis: Any, args: Sequence[Arg]) -> Any:

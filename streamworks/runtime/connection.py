@@ -63,6 +63,11 @@ def create_producer(
         max_reroutes=settings.producer.max_reroutes,
         sticky_batch=settings.producer.sticky_batch,
         dedup_windows={s.name: s.dedup_window for s in app.streams.values() if s.dedup_window},
+        durability={
+            s.name: (s.min_replicas, s.replica_timeout)
+            for s in app.streams.values()
+            if s.min_replicas
+        },
         clock=clock,
     )
 

@@ -31,6 +31,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from redis.exceptions import RedisError
 
+from streamworks.redis.scripts import load_script
+from streamworks.redis.wire import Arg, run_batch_wait
+
 if TYPE_CHECKING:
     from streamworks.redis.keyspace import Keyspace
     from streamworks.redis.scripts import Scripts
@@ -93,11 +96,25 @@ def _text(value: Any) -> str:
 class DeadLetters:
     """The dead-letter writes of one handler in one worker."""
 
-    def __init__(self, scripts: Scripts, keyspace: Keyspace, group: str, stream: str) -> None:
+    def __init__(
+        self,
+        scripts: Scripts,
+        keyspace: Keyspace,
+        group: str,
+        stream: str,
+        *,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
+    ) -> None:
         self._scripts = scripts
         self._keyspace = keyspace
         self._group = group
         self.key = keyspace.dead_letters(group, stream)
+        # A stream with durable publishing (min_replicas) gets durable dead letters: the
+        # dead letter lives on its own node, and a failover there right after the write
+        # must not lose it while the original's ack survives on the shard's node.
+        self._min_replicas = min_replicas
+        self._replica_timeout_ms = max(1, int(replica_timeout * 1000))
 
     async def write(self, message: Message, fields: Fields) -> Written:
         """Record the final failure of ``message`` (fenced), then write its entry once."""
@@ -140,11 +157,35 @@ class DeadLetters:
         for name, value in fields.items():
             args += [name, value]
         try:
-            reply = await self._scripts.dead_letter(keys=[marker, self.key], args=args)
+            if self._min_replicas:
+                reply = await self._durable(marker, args)
+            else:
+                reply = await self._scripts.dead_letter(keys=[marker, self.key], args=args)
         except RedisError as e:
             log.warning("dead-letter write of %s failed (%s); will retry", message.id, e)
             return Written.FAILED
         return Written.NOW if int(reply[0]) == 1 else Written.BEFORE
+
+    async def _durable(self, marker: str, args: list[Any]) -> Any:
+        """``dead_letter.lua`` and ``WAIT`` in one write on one connection (``WAIT``
+        counts the replicas that have this connection's writes). A dead letter that
+        fewer replicas acknowledged stays written and is logged, not retried (each
+        retry would be answered "written before" and wait again for nothing)."""
+        command: list[Arg] = ["EVAL", load_script("dead_letter"), 2, marker, self.key]
+        command += [a if isinstance(a, bytes | str | int) else str(a) for a in args]
+        [reply], [waited] = await run_batch_wait(
+            self._scripts.client, [command], self._min_replicas, self._replica_timeout_ms
+        )
+        if isinstance(reply, Exception):
+            raise reply
+        if not (type(waited) is int and waited >= self._min_replicas):
+            log.warning(
+                "dead letter in %s acknowledged by %s replica(s), not %d",
+                self.key,
+                waited,
+                self._min_replicas,
+            )
+        return reply
 
 
 def parse_final(record: bytes) -> dict[str, str] | None:

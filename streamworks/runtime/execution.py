@@ -135,7 +135,15 @@ class HandlerRuntime:
         self.acker = acker
         self.idempotency = idempotency
         self.statistics = HandlerStatistics()
-        self._letters = DeadLetters(worker.scripts, worker.keyspace, worker.group, spec.stream)
+        stream_spec = worker.app.streams.get(spec.stream)
+        self._letters = DeadLetters(
+            worker.scripts,
+            worker.keyspace,
+            worker.group,
+            spec.stream,
+            min_replicas=stream_spec.min_replicas if stream_spec else 0,
+            replica_timeout=stream_spec.replica_timeout if stream_spec else 1.0,
+        )
         self.dead_letter_key = self._letters.key
         # The app's middleware around this handler (None without any: the plain path).
         self._middleware = HandlingChain.build(self.app.middleware, self._call)

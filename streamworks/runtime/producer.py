@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from streamworks.clock import Clock
-from streamworks.exceptions import BackendError, ShardRetiredError
+from streamworks.exceptions import BackendError, PublishNotDurableError, ShardRetiredError
 from streamworks.protocol.codec import Codec
 from streamworks.protocol.envelope import MAX_PAYLOAD, encode_fields
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
-from streamworks.redis.wire import run_batch
+from streamworks.redis.wire import Arg, run_batch, run_batch_wait
 from streamworks.runtime.metrics import PublishMetrics
 from streamworks.runtime.routing import RoutingSource, RoutingTable, ShardRoute
 
@@ -77,6 +77,7 @@ class Producer:
         max_reroutes: int = 5,
         sticky_batch: int = 100,
         dedup_windows: Mapping[str, float] | None = None,
+        durability: Mapping[str, tuple[int, float]] | None = None,
         clock: Clock | None = None,
     ) -> None:
         self._redis = redis
@@ -89,6 +90,8 @@ class Producer:
         self._sticky_batch = sticky_batch
         # stream -> dedup window (ms) for shard-level idempotent publish by event id.
         self._dedup_ms = {k: int(v * 1000) for k, v in (dedup_windows or {}).items() if v}
+        # stream -> (min replicas, replica timeout s): durable publishing by default.
+        self._durability = dict(durability or {})
         self.statistics = ProducerStatistics()
         self.metrics = PublishMetrics()  # collected by the worker's /metrics
 
@@ -109,67 +112,83 @@ class Producer:
         published_at = now if now is not None else str(self._clock.time_ms())
         return encode_fields(payload, record.key, record.event_id, headers, published_at)
 
-    async def publish(self, stream: str, record: Record) -> Published:
-        """Publish one message; see the module docstring for the path it takes."""
-        fields = self._fields(record)
-        started = perf_counter()
-        for _ in range(self._max_reroutes):
-            table = await self.routing.routing(stream)
-            route = table.route(record.key, self._sticky_batch)
-            try:
-                result = await self._add(stream, route, record.event_id, fields)
-            except RedisError as e:
-                raise BackendError(f"publish to {route.shard} failed: {e}") from e
-            if result is not None:
-                entry_id, duplicate = result
-                self.statistics.published += 1
-                self.metrics.observe(stream, 1, perf_counter() - started)
-                return Published(stream, str(route.shard), entry_id, table.version, duplicate)
-            self._retired(stream, table)
-        raise ShardRetiredError(
-            f"stream {stream!r}: routing still pointed at retired shards after "
-            f"{self._max_reroutes} refreshes"
-        )
+    async def publish(
+        self,
+        stream: str,
+        record: Record,
+        *,
+        min_replicas: int | None = None,
+        replica_timeout: float | None = None,
+    ) -> Published:
+        """Publish one message; see the module docstring for the path it takes.
 
-    async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
-        """Publish a batch in one round trip; results are in the order of ``records``."""
+        Args:
+            min_replicas: replicas that must have the entry before this returns
+                (``WAIT``); the stream's default (``app.stream(min_replicas=...)``) when
+                None.
+            replica_timeout: how long (s) to wait for them; the stream's default when None.
+
+        Raises:
+            PublishNotDurableError: the entry was written but fewer replicas than
+                ``min_replicas`` acknowledged it in time.
+        """
+        [published] = await self.publish_many(
+            stream, [record], min_replicas=min_replicas, replica_timeout=replica_timeout
+        )
+        return published
+
+    async def publish_many(
+        self,
+        stream: str,
+        records: Sequence[Record],
+        *,
+        min_replicas: int | None = None,
+        replica_timeout: float | None = None,
+    ) -> list[Published]:
+        """Publish a batch in one round trip (one write per Redis node); results are in
+        the order of ``records``. ``min_replicas``/``replica_timeout`` as in
+        :meth:`publish`, for every record of the batch."""
+        if not records:
+            return []
         now = str(self._clock.time_ms())
         encoded = [self._fields(r, now) for r in records]
+        wait = self._wait(stream, min_replicas, replica_timeout)
         results: list[Published | None] = [None] * len(records)
+        weak: list[tuple[Published, Any]] = []
         todo = list(range(len(records)))
-        dedup = self._dedup_ms.get(stream)
         started = perf_counter()
         for _ in range(self._max_reroutes):
             table = await self.routing.routing(stream)
             routes = [table.route(records[i].key, self._sticky_batch) for i in todo]
+            commands = [
+                self._command(stream, route, records[i].event_id, encoded[i])
+                for i, route in zip(todo, routes, strict=True)
+            ]
             try:
-                if dedup and any(records[i].event_id is not None for i in todo):
-                    replies = await self._pipeline(stream, todo, routes, records, encoded)
-                else:
-                    replies = await run_batch(
-                        self._redis,
-                        [
-                            ["XADD", route.key, "NOMKSTREAM", "*", *encoded[i]]
-                            for i, route in zip(todo, routes, strict=True)
-                        ],
-                    )
+                replies, waited = await self._send(commands, wait)
             except (RedisError, OSError) as e:
-                raise BackendError(f"publish_many to {stream!r} failed: {e}") from e
+                where = routes[0].shard if len(routes) == 1 else repr(stream)
+                raise BackendError(f"publish to {where} failed: {e}") from e
             retry: list[int] = []
-            for i, route, reply in zip(todo, routes, replies, strict=True):
+            for n, (i, route, reply) in enumerate(zip(todo, routes, replies, strict=True)):
                 if isinstance(reply, Exception):
                     raise BackendError(f"publish to {route.shard} failed: {reply}")
                 parsed = self._parse_add(reply, records[i].event_id)
                 if parsed is None:
                     retry.append(i)
-                else:
-                    results[i] = Published(
-                        stream, str(route.shard), parsed[0], table.version, parsed[1]
-                    )
+                    continue
+                published = Published(stream, str(route.shard), parsed[0], table.version, parsed[1])
+                results[i] = published
+                if wait is not None and not _enough(waited[n], wait[0]):
+                    weak.append((published, waited[n]))
             self.statistics.published += len(todo) - len(retry)
             if not retry:
+                done = [r for r in results if r is not None]
                 self.metrics.observe(stream, len(records), perf_counter() - started)
-                return [r for r in results if r is not None]
+                if weak:
+                    self.statistics.not_durable += len(weak)
+                    raise _not_durable(stream, done, weak, wait)
+                return done
             self._retired(stream, table)
             todo = retry
         raise ShardRetiredError(
@@ -177,63 +196,58 @@ class Producer:
             f"{self._max_reroutes} refreshes"
         )
 
-    async def _pipeline(
-        self,
-        stream: str,
-        todo: list[int],
-        routes: list[ShardRoute],
-        records: Sequence[Record],
-        encoded: list[list[bytes | str]],
-    ) -> list[Any]:
-        """The batch through redis-py's pipeline (needed for the dedup script)."""
-        # As a context manager: a pipeline whose execute failed half-way (its script
-        # check, a cut connection) is reset and its connection released either way.
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for i, route in zip(todo, routes, strict=True):
-                await self._queue_add(pipe, stream, route, records[i].event_id, encoded[i])
-            return list(await pipe.execute(raise_on_error=False))
+    def _wait(
+        self, stream: str, min_replicas: int | None, replica_timeout: float | None
+    ) -> tuple[int, int] | None:
+        """``(replicas, timeout ms)`` for a ``WAIT`` after the writes, or None."""
+        default = self._durability.get(stream, (0, 1.0))
+        replicas = default[0] if min_replicas is None else min_replicas
+        timeout = default[1] if replica_timeout is None else replica_timeout
+        if type(replicas) is not int or replicas < 0:
+            raise ValueError(f"min_replicas must be an int >= 0, not {replicas!r}")
+        if timeout <= 0:
+            raise ValueError(f"replica_timeout must be positive, not {timeout!r}")
+        if replicas == 0:
+            return None
+        return replicas, max(1, int(timeout * 1000))
+
+    def _command(
+        self, stream: str, route: ShardRoute, event_id: str | None, fields: list[bytes | str]
+    ) -> list[Arg]:
+        window = self._dedup_ms.get(stream) if event_id is not None else None
+        if window:
+            assert event_id is not None
+            sha = self._scripts.publish_dedup.sha
+            dedup = self._keyspace.dedup(route.shard, event_id)
+            return ["EVALSHA", sha, 2, route.key, dedup, window, *fields]
+        return ["XADD", route.key, "NOMKSTREAM", "*", *fields]
+
+    async def _send(
+        self, commands: list[list[Arg]], wait: tuple[int, int] | None
+    ) -> tuple[list[Any], list[Any]]:
+        """Run the batch; a ``NOSCRIPT`` (a restarted or promoted node: scripts are not
+        replicated) did not run, so the script is loaded and those commands sent again."""
+        if wait is None:
+            replies = await run_batch(self._redis, commands)
+            waited: list[Any] = [None] * len(commands)
+        else:
+            replies, waited = await run_batch_wait(self._redis, commands, *wait)
+        missing = [n for n, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            await self._redis.script_load(self._scripts.publish_dedup.script)
+            again = [commands[n] for n in missing]
+            if wait is None:
+                more, more_waited = await run_batch(self._redis, again), [None] * len(again)
+            else:
+                more, more_waited = await run_batch_wait(self._redis, again, *wait)
+            for n, reply, w in zip(missing, more, more_waited, strict=True):
+                replies[n], waited[n] = reply, w
+        return replies, waited
 
     def _retired(self, stream: str, table: RoutingTable) -> None:
         # E16: the key was retired after this table was issued; nothing was written.
         self.statistics.reroutes += 1
         self.routing.invalidate(stream, table.version)
-
-    async def _add(
-        self, stream: str, route: ShardRoute, event_id: str | None, fields: list[bytes | str]
-    ) -> tuple[str, bool] | None:
-        window = self._dedup_ms.get(stream) if event_id is not None else None
-        if window:
-            assert event_id is not None
-            reply = await self._scripts.publish_dedup(
-                keys=[route.key, self._keyspace.dedup(route.shard, event_id)],
-                args=[window, *fields],
-            )
-        else:
-            [reply] = await run_batch(
-                self._redis, [["XADD", route.key, "NOMKSTREAM", "*", *fields]]
-            )
-            if isinstance(reply, Exception):
-                raise reply
-        return self._parse_add(reply, event_id)
-
-    async def _queue_add(
-        self,
-        pipe: Any,
-        stream: str,
-        route: ShardRoute,
-        event_id: str | None,
-        fields: list[bytes | str],
-    ) -> None:
-        window = self._dedup_ms.get(stream) if event_id is not None else None
-        if window:
-            assert event_id is not None
-            await self._scripts.publish_dedup(
-                keys=[route.key, self._keyspace.dedup(route.shard, event_id)],
-                args=[window, *fields],
-                client=pipe,
-            )
-        else:
-            pipe.execute_command("XADD", route.key, "NOMKSTREAM", "*", *fields)
 
     def _parse_add(self, reply: Any, event_id: str | None) -> tuple[str, bool] | None:
         """``(entry id, duplicate)``, or None when the shard key no longer exists."""
@@ -258,3 +272,26 @@ class ProducerStatistics:
     published: int = 0
     duplicates: int = 0
     reroutes: int = 0
+    not_durable: int = 0  # written, but fewer replicas than asked acknowledged in time
+
+
+def _enough(waited: Any, replicas: int) -> bool:
+    return type(waited) is int and waited >= replicas
+
+
+def _not_durable(
+    stream: str,
+    published: list[Published],
+    weak: list[tuple[Published, Any]],
+    wait: tuple[int, int] | None,
+) -> PublishNotDurableError:
+    assert wait is not None
+    got = weak[0][1]
+    detail = str(got) if isinstance(got, Exception) else f"{got} replica(s)"
+    return PublishNotDurableError(
+        f"stream {stream!r}: {len(weak)} of {len(published)} entries written but "
+        f"acknowledged by {detail} within {wait[1]} ms, not the {wait[0]} asked for "
+        f"(first: {weak[0][0].shard} {weak[0][0].entry_id})",
+        published=published,
+        not_durable=[p for p, _ in weak],
+    )

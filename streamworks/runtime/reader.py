@@ -7,10 +7,11 @@ runs in two phases:
    and its own) with the fenced ``claim.lua``, looping on the ``XAUTOCLAIM``
    cursor, and hand them to the dispatcher first, each with the retry record that
    carries its attempt count across crashes; then prune consumers that own nothing.
-2. **live** — fenced ``read.lua`` of new entries; when there are none, a plain
-   ``XREAD BLOCK`` from the last entry id waits for more (``BLOCK`` is not allowed
-   inside scripts on Redis <= 7.2, and a blocking wait that does not read cannot
-   steal entries from a newer owner).
+2. **live** — fenced ``read.lua`` of new entries; when there are none, the worker's
+   idle waiter (``runtime/waiter.py``) waits for more with a plain ``XREAD`` from the
+   last entry id, shared by every idle shard on a Redis node (``BLOCK`` is not allowed
+   inside scripts on Redis <= 7.2, and a wait that does not read cannot steal entries
+   from a newer owner).
 
 Every read is checked against the shard's owner fence inside the script, so a member
 that lost the shard (e.g. paused past its lease) cannot pull entries into its pending
@@ -150,37 +151,67 @@ class ShardReader:
         ]
         idle_after, self._idle_after = self._idle_after, None
         reply: Any = None
-        if idle_after is None:
-            reply = await self.worker.scripts.call("read", keys, args)
-        else:
-            # Nothing new at the last read: wait for an entry after the last one with
-            # a plain blocking XREAD (no group: it only waits, so it cannot take
-            # entries from anyone) and send the fenced read right behind it on the same
-            # connection. Redis runs the read the moment the XREAD returns: no round
-            # trip between the wake-up and the read, and the fence is checked then.
-            # The pooled connection's socket timeout stays above the BLOCK time.
-            # The read must run under a valid lease (SPEC §5): the wait ends before the
-            # lease does, and a lease lost meanwhile (fenced, shortened) interrupts it
-            # (interrupt_wait); a read left queued behind a dropped connection never runs.
+        if idle_after is not None:
+            # Nothing new at the last read: wait for an entry after the last one. The
+            # wait reads nothing (a plain XREAD, no group), so it cannot take entries
+            # from anyone; the fenced read does, under a valid lease (SPEC §5): the wait
+            # ends before the lease does, and a lease lost meanwhile (fenced, shortened)
+            # interrupts it (interrupt_wait).
             left = self.worker.lease.remaining() - 0.05
-            block_ms = self._block_ms if left * 1000 >= self._block_ms else int(left * 1000)
-            if block_ms <= 0:
+            timeout = min(self._block_ms / 1000, left)
+            if timeout <= 0:
                 self._idle_after = idle_after  # the lease ends first: _wait_turn waits
                 with self.worker.clock.move_on_at(self.worker.lease.deadline):
                     await self.worker.lease.wait_changed()
                 return
-            wait: list[Arg] = [
-                "XREAD", "BLOCK", block_ms, "COUNT", 1, "STREAMS", self.stream_key, idle_after,
-            ]  # fmt: skip
+            waiter = self.worker.waiter
+            if waiter.take_own_wait():
+                try:
+                    reply = await self._wait_and_read(idle_after, int(timeout * 1000), keys, args)
+                finally:
+                    waiter.release_own_wait()
+                if reply is None:  # interrupted: the queued read may have run, so claim
+                    self._idle_after = idle_after
+                    self.recovering = True
+                    return
+                self._handle_read(reply)
+                return
+            # Every own wait is taken: the worker's shared waiter (runtime/waiter.py, one
+            # connection per node for all other idle shards) wakes this reader.
             try:
                 with anyio.CancelScope() as self._wait_scope:
-                    reply = await self.worker.scripts.call_after(wait, "read", keys, args)
+                    await waiter.wait(self.stream_key, idle_after, timeout)
+                interrupted = self._wait_scope.cancel_called
             finally:
                 self._wait_scope = None
-            if reply is None:  # interrupted: the queued read may have run, so claim
+            if interrupted:  # the lease was lost: _wait_turn waits for it
                 self._idle_after = idle_after
-                self.recovering = True
                 return
+        # At most read_concurrency reads of the worker at once: its pool (one per node
+        # on a cluster) then holds that many connections, not one per shard.
+        async with self.worker.read_slots:
+            reply = await self.worker.scripts.call("read", keys, args)
+        self._handle_read(reply)
+
+    async def _wait_and_read(
+        self, idle_after: bytes, block_ms: int, keys: list[Arg], args: list[Arg]
+    ) -> Any:
+        """An own wait: ``XREAD BLOCK`` on this shard alone with the fenced read sent
+        right behind it on the same (pooled) connection, so Redis runs the read the
+        moment the wait returns, with no round trip between (the lowest latency; one
+        connection held while idle, hence the worker's ``own_waits`` bound). None when
+        interrupted (a read left queued behind a dropped connection never runs)."""
+        wait: list[Arg] = [
+            "XREAD", "BLOCK", max(1, block_ms), "COUNT", 1, "STREAMS", self.stream_key, idle_after,
+        ]  # fmt: skip
+        try:
+            with anyio.CancelScope() as self._wait_scope:
+                return await self.worker.scripts.call_after(wait, "read", keys, args)
+        finally:
+            self._wait_scope = None
+        return None
+
+    def _handle_read(self, reply: Any) -> None:
         status = reply[0]
         if status == 1:
             self._deliver(reply[1], None)
@@ -190,6 +221,10 @@ class ShardReader:
             self._refused(status, reply)
 
     async def _claim_round(self) -> None:
+        async with self.worker.read_slots:
+            await self._claim_batch()
+
+    async def _claim_batch(self) -> None:
         reply = await self.worker.scripts.claim(
             keys=[self.stream_key, self.fence_key, self.retry_key],
             args=[self.group, self.consumer, self.token, self._cursor, self._batch],
@@ -301,13 +336,12 @@ class ShardReader:
 
     @property
     def waiting(self) -> bool:
-        """Whether a wait for new entries (with the fenced read queued behind it) is
-        out on the connection."""
+        """Whether the reader is waiting for new entries (in the idle waiter)."""
         return self._wait_scope is not None
 
     def interrupt_wait(self) -> None:
-        """Cut a wait for new entries short (the lease was lost): the fenced read queued
-        behind it is dropped with its connection, or its entries are claimed again."""
+        """Cut a wait for new entries short (the lease was lost): the reader then waits
+        for the lease before its next fenced read."""
         if self._wait_scope is not None:
             self._wait_scope.cancel()
 

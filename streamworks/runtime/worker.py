@@ -36,6 +36,7 @@ from streamworks.runtime.metrics import WorkerMetrics
 from streamworks.runtime.ownership import Runs, exit_process, watch_lease
 from streamworks.runtime.reader import ReaderState, ShardReader
 from streamworks.runtime.redelivery import Redelivery
+from streamworks.runtime.waiter import IdleWaiter
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -94,6 +95,14 @@ class Worker:
         self.metrics = WorkerMetrics(self)  # before the handlers: they bind histograms
         self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)
         self.acker.flush_seconds = self.metrics.ack_flush
+        # Reads and takeover rounds in flight at once (reader.py): bounds the pool.
+        self.read_slots = anyio.Semaphore(self.settings.worker.read_concurrency)
+        self.waiter = IdleWaiter(
+            redis,
+            block=self.settings.worker.block,
+            idle_poll=self.settings.worker.idle_poll,
+            own_waits=self.settings.worker.own_waits,
+        )
         store: IdempotencyStore = app.idempotency_store or RedisIdempotencyStore(
             redis,
             self.keyspace,
@@ -131,6 +140,7 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self.acker.run)
+                tg.start_soon(self.waiter.run)
                 for runtime in self.handlers.values():
                     tg.start_soon(runtime.dispatcher.run)
                 tg.start_soon(self._trim_loop)

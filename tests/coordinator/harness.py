@@ -16,8 +16,9 @@ from typing import Any
 import anyio
 import pytest
 import uvicorn
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
 
 from streamworks.clock import Clock
 from streamworks.coordinator.http import QuietServer, create_api
@@ -31,7 +32,7 @@ from streamworks.protocol.control import (
     StreamInfo,
 )
 from streamworks.protocol.transport import CoordinatorTransport
-from streamworks.redis.client import create_redis
+from streamworks.redis.client import WaitingRedisCluster, create_redis
 from streamworks.settings import Settings
 from tests.support import wait_for
 
@@ -261,6 +262,40 @@ class _RecordingPipeline(Pipeline):
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         self._owner._record(args)
         return super().execute_command(*args, **kwargs)
+
+
+class RecordingCluster(WaitingRedisCluster):
+    """:class:`RecordingRedis` on a cluster: a cluster client of its own (same nodes)
+    recording every command, including those queued in pipelines."""
+
+    commands: list[tuple[str, ...]]
+
+    def _record(self, args: tuple[Any, ...]) -> None:
+        RecordingRedis._record(self, args)  # type: ignore[arg-type]
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        self._record(args)
+        return await super().execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+        return _RecordingClusterPipeline(self, transaction)
+
+
+class _RecordingClusterPipeline(ClusterPipeline):
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        self.cluster_client._record(args)  # type: ignore[attr-defined]
+        return super().execute_command(*args, **kwargs)
+
+
+def recording_redis(real: Any) -> Any:
+    """A client recording the commands it sends: :class:`RecordingRedis` sharing
+    ``real``'s pool, or on a cluster a :class:`RecordingCluster` on the same nodes."""
+    if isinstance(real, RedisCluster):
+        node = next(iter(real.nodes_manager.startup_nodes.values()))
+        client = RecordingCluster(host=node.host, port=node.port)
+        client.commands = []
+        return client
+    return RecordingRedis(real)
 
 
 def _text(value: Any) -> str:

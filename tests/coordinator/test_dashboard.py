@@ -22,7 +22,7 @@ from streamworks.redis.keyspace import Keyspace
 from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
 from streamworks.testing.runtime import fast_settings
-from tests.coordinator.harness import RecordingRedis, serve_api
+from tests.coordinator.harness import recording_redis, serve_api
 from tests.coordinator.test_no_message_access import MESSAGE_COMMANDS
 from tests.e2e.harness import Cluster, free_port, wait_ready
 
@@ -191,7 +191,7 @@ async def test_the_dashboard_and_metrics_read_no_message(
     for n in range(5):
         await runtime.app.publish("orders", {"n": n}, key=f"k{n}")
     real = create_redis(runtime.settings)
-    recording = RecordingRedis(real)
+    recording = recording_redis(real)
     try:
         replica = CoordinatorService(recording, runtime.settings, replica="recorded")
         async with serve_api(replica) as url:
@@ -200,6 +200,7 @@ async def test_the_dashboard_and_metrics_read_no_message(
                 page = await http.get("/ui/")
                 metrics = await http.get("/metrics")
     finally:
+        await recording.aclose()
         await real.aclose()
     assert page.status_code == 200 and 'data-entries="1"' in page.text
     assert "streamworks_coordinator_dead_letters" in metrics.text

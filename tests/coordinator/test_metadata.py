@@ -328,13 +328,17 @@ async def test_reports_contradicting_intact_metadata_change_nothing_over_http(
 async def rewrite(redis: Any, key: str, field: str, value: bytes | None) -> None:
     """A faulty writer replaces (or drops) one field, with a new revision as every
     writer does. (A change behind the revision's back is seen on the next revision.)"""
-    pipe = redis.pipeline(transaction=True)
+    # One script, not a MULTI pipeline: redis-py's asyncio cluster transactions run
+    # their commands on a thread's own event loop, which breaks the client afterwards.
     if value is None:
-        pipe.hdel(key, field)
+        await redis.eval(_DROP_FIELD, 1, key, field)
     else:
-        pipe.hset(key, field, value)
-    pipe.hincrby(key, "rev", 1)
-    await pipe.execute()
+        await redis.eval(_SET_FIELD, 1, key, field, value)
+
+
+_BUMP = "redis.call('HINCRBY', KEYS[1], 'rev', 1)"
+_SET_FIELD = "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]); " + _BUMP
+_DROP_FIELD = "redis.call('HDEL', KEYS[1], ARGV[1]); " + _BUMP
 
 
 CORRUPTIONS: list[tuple[str, Callable[[Any, Keyspace], Any]]] = [

@@ -16,7 +16,7 @@ from streamworks.redis.client import create_redis
 from streamworks.redis.scripts import SCRIPT_NAMES, load_script
 from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
-from tests.coordinator.harness import RecordingRedis
+from tests.coordinator.harness import recording_redis
 from tests.support import wait_for
 
 #: Commands that read, acknowledge, delete or write stream entries.
@@ -58,7 +58,7 @@ async def test_the_coordinator_never_touches_stream_messages(
     # The coordinator's own connections (closed after the runtime, which uses them
     # until its workers and producers have stopped).
     real = create_redis(Settings(redis_url=streamworks_redis_url))
-    recording = RecordingRedis(real)
+    recording = recording_redis(real)
     try:
         async with streamworks_runtime(app, workers=0) as rt:
             assert rt.service is not None
@@ -95,6 +95,7 @@ async def test_the_coordinator_never_touches_stream_messages(
                 await coordinator.stream_info("orders")
                 tg.cancel_scope.cancel()
     finally:
+        await recording.aclose()
         await real.aclose()
 
     assert sorted(handled) == list(range(40))

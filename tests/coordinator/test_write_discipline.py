@@ -26,10 +26,10 @@ from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
 from streamworks.testing.runtime import fast_settings
 from tests.coordinator.harness import (
-    RecordingRedis,
     SimMember,
     expect_error,
     open_service,
+    recording_redis,
     serve_api,
     settle,
 )
@@ -507,7 +507,7 @@ async def test_a_no_change_heartbeat_costs_one_redis_round_trip(settings: Settin
     cached, revision-checked state with one Redis call: the lease renewal script
     (which also checks that the revisions the decision used are still current)."""
     real = create_redis(settings)
-    recording = RecordingRedis(real)
+    recording = recording_redis(real)
     try:
         coordinator = CoordinatorService(recording, settings)
         await coordinator.create_stream("orders", 8)
@@ -525,4 +525,5 @@ async def test_a_no_change_heartbeat_costs_one_redis_round_trip(settings: Settin
         assert len(recording.commands) == 60, recording.commands[:10]
         assert all(c[:2] == ("EVALSHA", lease_renew) for c in recording.commands)
     finally:
+        await recording.aclose()
         await real.aclose()

@@ -22,7 +22,13 @@ def load(path: Path) -> ModuleType:
     return module
 
 
-@pytest.mark.parametrize("path", [p for p in EXAMPLES if p.stem != "testing"], ids=lambda p: p.stem)
+#: Examples that are pytest tests, run by a test of their own below.
+AS_TESTS = ("testing", "testing_cluster")
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in EXAMPLES if p.stem not in AS_TESTS], ids=lambda p: p.stem
+)
 async def test_example_runs(
     path: Path, streamworks_redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -34,6 +40,11 @@ async def test_testing_example(streamworks_runtime: object) -> None:
     module = load(DOCS / "examples" / "testing.py")
     await module.test_welcome_mails(streamworks_runtime)
     await module.test_reminder_an_hour_later(streamworks_runtime)
+
+
+async def test_testing_cluster_example(local_cluster: object) -> None:
+    module = load(DOCS / "examples" / "testing_cluster.py")
+    await module.test_a_key_survives_a_failover(local_cluster)
 
 
 def test_pages_quote_examples_verbatim() -> None:

@@ -19,6 +19,8 @@ GROUP = "billing"
 NEW_OWNER = "m-new"
 TOKEN = "9:m-new"
 
+pytestmark = pytest.mark.cluster  # also on a Redis Cluster (make test)
+
 
 async def shard_with_pending(
     redis: Any, keyspace: Keyspace, scripts: Scripts, deliveries: dict[str, int]

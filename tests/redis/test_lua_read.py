@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from redis.asyncio import RedisCluster
 
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
@@ -19,6 +20,8 @@ from .streams import add_entries, consumers, groups, keys_for, pending_ids, set_
 GROUP = "billing"
 MEMBER = "m-1"
 TOKEN = "7:m-1"
+
+pytestmark = pytest.mark.cluster  # also on a Redis Cluster (make test)
 
 
 async def fenced_shard(
@@ -222,7 +225,13 @@ async def test_the_read_queued_behind_a_blocking_wait_runs_when_the_wait_returns
         tg.start_soon(waiter)
 
         async def blocked() -> bool:
-            clients = await redis.execute_command("CLIENT", "LIST", "TYPE", "normal")
+            if isinstance(redis, RedisCluster):  # the node of the shard's slot
+                node = redis.get_node_from_key(stream)
+                clients = await redis.execute_command(
+                    "CLIENT", "LIST", "TYPE", "normal", target_nodes=node
+                )
+            else:
+                clients = await redis.execute_command("CLIENT", "LIST", "TYPE", "normal")
             text_ = clients.decode() if isinstance(clients, bytes) else str(clients)
             return any("cmd=xread " in line and " flags=b" in line for line in text_.splitlines())
 

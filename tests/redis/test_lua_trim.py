@@ -19,6 +19,8 @@ from .streams import add_entries, entry_ids, groups, read_group, set_key, shard,
 FAST = "fast"
 SLOW = "slow"
 
+pytestmark = pytest.mark.cluster  # also on a Redis Cluster (make test)
+
 
 async def trim(scripts: Scripts, stream: str, cap: str = "") -> int:
     return int(await scripts.trim(keys=[stream, set_key(stream)], args=[cap]))

@@ -51,12 +51,15 @@ async def test_a_batch_returns_one_reply_per_command_in_order(
 async def test_a_cancelled_batch_does_not_leave_replies_on_a_pooled_connection(
     redis: Any, keyspace: Keyspace
 ) -> None:
-    key = f"{keyspace.prefix}:wire-block"
+    # Both keys in one slot: on a cluster, the later commands reuse the same node's pool.
+    key = f"{{{keyspace.prefix}:wire}}:block"
+    echo = f"{{{keyspace.prefix}:wire}}:echo"
     with anyio.move_on_after(0.05):
         # A blocking read that will not be answered in time, then cancelled mid-read.
         await run_batch(redis, [["XREAD", "BLOCK", "2000", "STREAMS", key, "$"]])
     for n in range(20):
-        assert await redis.echo(f"m{n}") == f"m{n}".encode()
+        [reply] = await run_batch(redis, [["SET", echo, f"m{n}", "GET"]])
+        assert reply == (f"m{n - 1}".encode() if n else None)
 
 
 async def test_empty_batch_is_a_no_op(redis: Any) -> None:

@@ -47,6 +47,14 @@ SHARDS = 10
 WORKER_ENV: dict[str, Any] = {"E2E_SHARDS": str(SHARDS), "E2E_MAX_ATTEMPTS": "1000000"}
 
 
+#: Why this test runs on a single node only (``--redis-target=cluster`` skips it).
+_ATOMIC_OBSERVER = (
+    "its instruments read shard state and handler records in one atomic script, which "
+    "a cluster cannot run across slots"
+)
+
+
+@pytest.mark.no_cluster(_ATOMIC_OBSERVER)
 @pytest.mark.seed("E9")
 @pytest.mark.seed("E11")
 @pytest.mark.seed("E13")

@@ -79,6 +79,14 @@ class Restarter:
         self._stop.set()
 
 
+#: Why this test runs on a single node only (``--redis-target=cluster`` skips it).
+_ATOMIC_OBSERVER = (
+    "its instruments read shard state and handler records in one atomic script, which "
+    "a cluster cannot run across slots"
+)
+
+
+@pytest.mark.no_cluster(_ATOMIC_OBSERVER)
 @pytest.mark.seed("E13")
 @pytest.mark.seed("E17")
 async def test_eight_to_three_to_twelve_under_load_with_worker_restarts(

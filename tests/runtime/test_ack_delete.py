@@ -39,6 +39,7 @@ async def total_length(rt: TestRuntime) -> int:
     return sum([await rt.redis.xlen(k) for k in await rt.shard_keys("orders")])
 
 
+@pytest.mark.cluster
 @pytest.mark.seed("E12")
 async def test_ack_delete_with_two_groups_keeps_the_slow_groups_entries_and_exact_lag(
     streamworks_redis_url: str,

@@ -42,6 +42,7 @@ class MemoryStore:
         return self.state.get(key) == "done"
 
 
+@pytest.mark.cluster
 @pytest.mark.seed("E23")
 async def test_a_completed_key_is_acked_as_a_duplicate_without_calling_the_handler(
     streamworks_runtime: Callable[..., TestRuntime],

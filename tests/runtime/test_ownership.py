@@ -38,6 +38,7 @@ async def group_info(rt: TestRuntime | StaticRuntime) -> dict[str, Any]:
     return dict(info)
 
 
+@pytest.mark.cluster
 async def test_takeover_claims_the_previous_owners_pending_entries_first(
     streamworks_redis_url: str,
 ) -> None:
@@ -57,6 +58,7 @@ async def test_takeover_claims_the_previous_owners_pending_entries_first(
         assert b"ghost" not in consumers  # pruned once it owned nothing
 
 
+@pytest.mark.cluster
 async def test_fenced_read_refuses_a_member_whose_grant_was_replaced(
     streamworks_redis_url: str,
 ) -> None:

@@ -42,6 +42,7 @@ async def test_publish_writes_the_documented_entry_format(
         assert int(fields[b"t"]) > 1_600_000_000_000
 
 
+@pytest.mark.cluster
 async def test_publish_many_keeps_order_and_routes_like_publish(
     streamworks_runtime: Callable[..., TestRuntime],
 ) -> None:
@@ -110,6 +111,7 @@ async def test_routing_that_keeps_pointing_at_retired_shards_fails_clearly(
         assert not await rt.redis.exists(rt.keyspace.stream(ShardId("orders", 0)))
 
 
+@pytest.mark.cluster
 @pytest.mark.seed("E18")
 async def test_shard_level_dedup_skips_a_repeated_event_id_even_after_retirement(
     streamworks_runtime: Callable[..., TestRuntime],

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from streamworks import App, Message, RetryPolicy
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
@@ -36,6 +38,7 @@ def two_groups(broken: set[int]) -> tuple[App, App, list[tuple[int, str, int]], 
     return app_a, app_b, seen_a, seen_b
 
 
+@pytest.mark.cluster
 async def test_replay_reaches_only_the_dead_letters_group(
     settings: Settings, redis: Any, streamworks_redis_url: str
 ) -> None:

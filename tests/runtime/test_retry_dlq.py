@@ -69,6 +69,7 @@ async def test_retry_signal_uses_its_delay_and_counts_as_an_attempt(
         assert dead.reason == "max_attempts" and dead.attempts == 2
 
 
+@pytest.mark.cluster
 async def test_exhausted_messages_are_dead_lettered_with_their_origin(
     streamworks_runtime: Callable[..., TestRuntime],
 ) -> None:

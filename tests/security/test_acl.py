@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -20,22 +21,40 @@ from streamworks.redis.client import create_redis
 from streamworks.runtime.connection import open_connection
 from streamworks.runtime.membership import CoordinatorAssignment
 from streamworks.runtime.worker import Worker
+from streamworks.testing.cluster import LocalCluster
 from streamworks.testing.embedded import EmbeddedRedis
 from streamworks.testing.runtime import fast_settings
 from tests.support import wait_for
 
 
-@pytest.fixture(scope="module")
-def acl_server() -> Any:
-    # Its own server: users are server-wide, and the test must not depend on (or
-    # change) the ACLs of a shared one.
+@pytest.fixture(scope="module", params=["single", "cluster"])
+def acl_server(request: pytest.FixtureRequest) -> Any:
+    """A server of the test's own (users are server-wide, and the test must not depend
+    on, or change, the ACLs of a shared one), or the session's local cluster, where the
+    users (of random names) are created on every node, as docs/cluster.md says."""
+    if request.param == "cluster":
+        if request.config.getoption("--redis-target") == "single":
+            pytest.skip("a cluster test (--redis-target=single)")
+        yield request.getfixturevalue("streamworks_local_cluster")
+        return
     with EmbeddedRedis() as server:
         yield server
 
 
-async def make_user(admin: Any, role: str, prefix: str) -> str:
+async def make_user(server: Any, admin: Any, role: str, prefix: str) -> str:
+    """Create a user of ``role`` (on a cluster: on every node, one by one, as
+    docs/cluster.md does it); returns its URL."""
     user, password = f"{role}-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
-    await admin.execute_command(*setuser_command(role, user, password, prefix))  # type: ignore[arg-type]
+    command = setuser_command(role, user, password, prefix)
+    if isinstance(server, LocalCluster):
+        for port in server.ports:
+            node = server.client(port)
+            try:
+                node.execute_command(*command)  # type: ignore[no-untyped-call]
+            finally:
+                node.close()
+    else:
+        await admin.execute_command(*command)  # type: ignore[arg-type]
     return f"redis://{user}:{password}@127.0.0.1:{{port}}/0"
 
 
@@ -44,8 +63,9 @@ async def test_each_role_works_with_its_acl_and_only_with_it(acl_server: Any) ->
     prefix = f"a{uuid.uuid4().hex[:6]}"
     base = fast_settings(key_prefix=prefix, redis_url=acl_server.url)
     admin = create_redis(base)
+    port = urlsplit(acl_server.url).port
     urls = {
-        role: (await make_user(admin, role, prefix)).replace("{port}", str(acl_server.port))
+        role: (await make_user(acl_server, admin, role, prefix)).replace("{port}", str(port))
         for role in ("worker", "producer", "coordinator")
     }
     clients = {role: create_redis(base.with_overrides(redis_url=url)) for role, url in urls.items()}

@@ -14,7 +14,14 @@
 -- Returns  {1, id}   added          {0, id}   duplicate of entry `id`
 --          {-1}      the shard key does not exist (retired): refresh routing
 local prev = redis.call('GET', KEYS[2])
-if prev then return {0, prev} end
+if prev then
+  -- Rewritten as it is (same value, same expiry): a write, so a WAIT sent after this
+  -- call (durable publishing) covers the replication of everything before it on this
+  -- node, the earlier entry included. A call that wrote nothing would leave WAIT
+  -- answering for the connection's older writes only.
+  redis.call('SET', KEYS[2], prev, 'KEEPTTL')
+  return {0, prev}
+end
 local id = redis.call('XADD', KEYS[1], 'NOMKSTREAM', '*', unpack(ARGV, 2))
 if not id then return {-1} end
 redis.call('SET', KEYS[2], id, 'PX', ARGV[1])

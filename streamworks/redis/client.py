@@ -115,9 +115,10 @@ def detect_cluster(url: str, *, timeout: float = 5.0) -> bool:
 
     A server without cluster support answers ``CLUSTER INFO`` with an error, as does
     one whose ACL does not grant it (the role ACLs of ``streamworks admin acl`` grant
-    it); both mean the single-node client. An unreachable server is taken as single
-    node, with a warning: set ``redis_cluster`` to say which explicitly. This runs
-    once, when a client is created (one round trip, before any traffic).
+    it, and a refusal is logged); both mean the single-node client. An unreachable
+    server is taken as a single node, silently: the caller's first command fails with
+    the real error. Set ``redis_cluster`` to say which explicitly. This runs once, when
+    a client is created (one round trip, before any traffic).
     """
     if url.startswith("unix:"):
         return False  # cluster nodes are TCP only
@@ -135,12 +136,9 @@ def detect_cluster(url: str, *, timeout: float = 5.0) -> bool:
         return False
     except sync_redis.ResponseError:
         return False
-    except sync_redis.RedisError as e:
-        log.warning(
-            "could not ask the server whether it is a cluster (%s); using the single-node "
-            "client (set STREAMWORKS_REDIS_CLUSTER=true or false to say)",
-            e,
-        )
+    except sync_redis.RedisError:
+        # Unreachable: the caller's first command reports that (one clear error); a
+        # process that must start before its cluster answers sets redis_cluster=true.
         return False
     finally:
         probe.close()

@@ -26,7 +26,7 @@ from streamworks.coordinator.core.recovery import fence_after_regression
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.coordinator.discipline import WriteDiscipline
 from streamworks.coordinator.metrics import CoordinatorMetrics
-from streamworks.coordinator.replica import ReplicaState, live_subscriptions
+from streamworks.coordinator.replica import ReplicaState
 from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store
 from streamworks.coordinator.subscriptions import Subscriptions
 from streamworks.exceptions import CoordinatorError
@@ -118,7 +118,7 @@ class HeartbeatHandler:
         member = group.members.get(request.member_id)
         if member is None or not member.is_live:
             return None
-        streams = self.replica.group_streams(group_id, rev, group)
+        streams = group.live_subscriptions()
         if request.subscriptions is not None and not request.subscriptions <= streams:
             return None
         metas: dict[str, StreamMeta] = {}
@@ -155,7 +155,7 @@ class HeartbeatHandler:
                         group = Group(group_id)  # unknown group: the core answers UNKNOWN_MEMBER
                     else:
                         group = await self._new_group(group_id, request.subscriptions or ())
-                names = set(self.replica.group_streams(group_id, loaded.rev, group))
+                names = set(group.live_subscriptions())
                 names |= request.subscriptions or frozenset()
                 loaded_streams = await self.store.load_streams(names)
                 metas = {n: m for n, (_, m) in loaded_streams.items() if m is not None}
@@ -170,9 +170,9 @@ class HeartbeatHandler:
                 # evidence E21 relies on) only for a group that exists in Redis or is
                 # committed now, never for a request that fails validation or a refusal.
                 wanted = (
-                    live_subscriptions(result.group.members.values())
+                    result.group.live_subscriptions()
                     if result.changed_members
-                    else self.replica.group_streams(group_id, loaded.rev, group)
+                    else group.live_subscriptions()
                 )
                 subscribed = {n: m for n, m in metas.items() if n in wanted}
                 if result.is_noop and loaded.rev:
@@ -208,7 +208,7 @@ class HeartbeatHandler:
                 self.metrics.observe_group(
                     group_id,
                     group_epoch=result.group.group_epoch,
-                    live_members=len(result.group.live_members()),
+                    live_members=result.group.live_count(),
                 )
                 refused = await self.store.write_fences(group_id, result.fences)
                 if refused:

@@ -23,7 +23,7 @@ from streamworks.coordinator.core.streams import topology_of
 from streamworks.coordinator.core.tick import tick
 from streamworks.coordinator.discipline import WriteDiscipline
 from streamworks.coordinator.metrics import CoordinatorMetrics
-from streamworks.coordinator.replica import ReplicaState, live_subscriptions
+from streamworks.coordinator.replica import ReplicaState
 from streamworks.coordinator.resharding import Resharder
 from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store, Terminating
 from streamworks.exceptions import CoordinatorError
@@ -123,7 +123,7 @@ class EventLoop:
                 self.metrics.observe_group(
                     group_id,
                     group_epoch=result.group.group_epoch,
-                    live_members=len(result.group.live_members()),
+                    live_members=result.group.live_count(),
                 )
                 return True
         raise Conflict(f"group {group_id!r}: lost the compare-and-set repeatedly")
@@ -134,7 +134,7 @@ class EventLoop:
         return tick(group, expired, topology, now_ms, self.config)
 
     async def _topology(self, group: Group) -> Topology:
-        names = live_subscriptions(group.members.values())
+        names = group.live_subscriptions()
         loaded = await self.store.load_streams(names)
         return topology_of({n: m for n, (_, m) in loaded.items() if m is not None})
 

@@ -27,6 +27,7 @@ SCRIPT_NAMES = (
     "fence",
     "group_commit",
     "group_create",
+    "group_delta",
     "group_destroy",
     "lease_renew",
     "mutex_release",
@@ -55,6 +56,7 @@ class Scripts:
     fence: AsyncScript
     group_commit: AsyncScript
     group_create: AsyncScript
+    group_delta: AsyncScript
     group_destroy: AsyncScript
     lease_renew: AsyncScript
     mutex_release: AsyncScript

@@ -59,6 +59,7 @@ __all__ = (
     "MetadataUnavailable",
     "MutexTimeout",
     "Store",
+    "Survey",
     "Terminating",
 )
 
@@ -119,6 +120,21 @@ class Terminating(CoordinatorError):
             retryable=True,
             status=503,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What the event loop reads of every group and stream in one pipeline.
+
+    Attributes:
+        group_revs: group -> revision of its metadata (0: none).
+        earliest_leases: group -> the member whose lease runs out first and when.
+        stream_revs: stream -> revision of its metadata (0: none).
+    """
+
+    group_revs: Mapping[str, int]
+    earliest_leases: Mapping[str, tuple[str, int] | None]
+    stream_revs: Mapping[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +391,29 @@ class Store:
     async def lease_expiries(self, group_id: str) -> dict[str, int]:
         raw = await self.redis.zrange(self.keyspace.group_leases(group_id), 0, -1, withscores=True)
         return {m.decode(): int(score) for m, score in raw}
+
+    async def survey(self, groups: Sequence[str], streams: Sequence[str]) -> Survey:
+        """Revisions of ``groups`` and ``streams`` and each group's earliest lease, in one
+        pipelined round trip (the loop tells idle groups and streams from due ones by
+        these, without a round trip per entity)."""
+        if not groups and not streams:
+            return Survey({}, {}, {})
+        pipe = self.redis.pipeline(transaction=False)
+        for group_id in groups:
+            pipe.hmget(self.keyspace.group_meta(group_id), ["rev", "cid"])
+            pipe.zrange(self.keyspace.group_leases(group_id), 0, 0, withscores=True)
+        for name in streams:
+            pipe.hmget(self.keyspace.stream_meta(name), ["rev", "cid"])
+        replies = await pipe.execute()
+        group_revs: dict[str, int] = {}
+        earliest: dict[str, tuple[str, int] | None] = {}
+        for j, group_id in enumerate(groups):
+            group_revs[group_id] = _revision(*replies[2 * j])
+            first = replies[2 * j + 1]
+            earliest[group_id] = (first[0][0].decode(), int(first[0][1])) if first else None
+        offset = 2 * len(groups)
+        stream_revs = {n: _revision(*replies[offset + j]) for j, n in enumerate(streams)}
+        return Survey(group_revs, earliest, stream_revs)
 
     async def registered_groups(self) -> list[str]:
         return sorted(

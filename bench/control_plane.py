@@ -420,9 +420,9 @@ async def run(args: argparse.Namespace) -> None:
             r = await bench_members(server.url, n, args.seconds)
             results[f"members_{n}"] = r
             print(
-                f"{n:5d} members: join hand-off {r['join_handoff_s'] * 1000:.0f} ms "
-                f"({r['join_handoff_heartbeats']} heartbeats; "
-                f"interval {r['heartbeat_interval_s']:.1f} s), "
+                f"{n:5d} members: join hand-off {r['join_handoff_s'] * 1000:.0f} ms = "
+                f"{r['join_handoff_s'] / r['heartbeat_interval_s']:.1f} heartbeat intervals "
+                f"(target <= 2; {r['join_handoff_heartbeats']} heartbeats), "
                 f"heartbeat p50 {r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms, "
                 f"throughput {r['throughput_per_s']:,.0f}/s"
             )

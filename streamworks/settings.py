@@ -65,7 +65,14 @@ class ProducerSettings(BaseModel):
 
     max_reroutes: int = Field(5, ge=1, le=100, description="refresh+retry rounds on nil XADD")
     sticky_batch: int = Field(100, ge=1, description="unkeyed messages per shard before moving on")
-    dedup_ttl: float = Field(3600.0, gt=0, description="shard-level publish dedup window (s)")
+    dedup_ttl: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "how long an idempotent-publish record lives (s), for every stream with "
+            "dedup on; None: each stream's dedup_window"
+        ),
+    )
 
 
 class CoordinatorSettings(BaseModel):

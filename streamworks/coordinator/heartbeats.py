@@ -26,7 +26,7 @@ from streamworks.coordinator.core.recovery import fence_after_regression
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.coordinator.discipline import WriteDiscipline
 from streamworks.coordinator.metrics import CoordinatorMetrics
-from streamworks.coordinator.replica import ReplicaState, live_subscriptions
+from streamworks.coordinator.replica import ReplicaState
 from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store
 from streamworks.coordinator.subscriptions import Subscriptions
 from streamworks.exceptions import CoordinatorError
@@ -108,39 +108,59 @@ class HeartbeatHandler:
         return response
 
     async def _fast(self, group_id: str, request: HeartbeatInput) -> HeartbeatResponse | None:
-        """The no-change answer from cached state, or None when the full road is needed."""
+        """The no-change answer from cached state, or None when the full road is needed.
+
+        When another replica committed since this one cached the group, the cache is
+        brought up to date without the mutex (a read of only what changed, see
+        ``Store.load_group``) and the decision is taken once more: a fleet spread over
+        several replicas stays on the short road although each commit moves the
+        revision every replica cached.
+        """
         if request.member_epoch <= 0 or self.discipline.terminating:
             return None
         cached = self.store.cached_group(group_id)
         if cached is None:
             return None
-        rev, group = cached
+        answer, stale = await self._fast_on(group_id, request, *cached)
+        if not stale:
+            return answer
+        loaded = await self.store.load_group(group_id)
+        if loaded.group is None or loaded.rev == cached[0]:
+            return None
+        answer, _ = await self._fast_on(group_id, request, loaded.rev, loaded.group)
+        return answer
+
+    async def _fast_on(
+        self, group_id: str, request: HeartbeatInput, rev: int, group: Group
+    ) -> tuple[HeartbeatResponse | None, bool]:
+        """The no-change answer decided on ``group`` at ``rev``, and whether the lease
+        was refused because a revision moved (or the lease entry is gone)."""
         member = group.members.get(request.member_id)
         if member is None or not member.is_live:
-            return None
-        streams = self.replica.group_streams(group_id, rev, group)
+            return None, False
+        streams = group.live_subscriptions()
         if request.subscriptions is not None and not request.subscriptions <= streams:
-            return None
+            return None, False
         metas: dict[str, StreamMeta] = {}
         stream_revs: dict[str, int] = {}
         for name in streams:
             entry = self.store.cached_stream(name)
             if entry is None:
-                return None
+                return None, False
             stream_revs[name], metas[name] = entry
         # Decide on the cached state with an estimate of Redis time; only a decision
         # that changes nothing is used, and only if the revisions are still current.
         topology = self.replica.topology_of(stream_revs, metas)
         result = heartbeat(group, topology, request, self.replica.estimated_now(), self.config)
         if not result.is_noop or result.status is not HeartbeatStatus.OK:
-            return None
+            return None, False
         renewed, now_ms = await self.store.renew_lease(
             group_id, request.member_id, self.config.lease_ttl_ms, rev, stream_revs
         )
         self.replica.saw_redis_time(now_ms)
         if not renewed:
-            return None
-        return self._response(result, request.member_id, group_id)
+            return None, True
+        return self._response(result, request.member_id, group_id), False
 
     async def _full(
         self, group_id: str, request: HeartbeatInput, starts: Mapping[str, StartPosition]
@@ -155,7 +175,7 @@ class HeartbeatHandler:
                         group = Group(group_id)  # unknown group: the core answers UNKNOWN_MEMBER
                     else:
                         group = await self._new_group(group_id, request.subscriptions or ())
-                names = set(self.replica.group_streams(group_id, loaded.rev, group))
+                names = set(group.live_subscriptions())
                 names |= request.subscriptions or frozenset()
                 loaded_streams = await self.store.load_streams(names)
                 metas = {n: m for n, (_, m) in loaded_streams.items() if m is not None}
@@ -170,9 +190,9 @@ class HeartbeatHandler:
                 # evidence E21 relies on) only for a group that exists in Redis or is
                 # committed now, never for a request that fails validation or a refusal.
                 wanted = (
-                    live_subscriptions(result.group.members.values())
+                    result.group.live_subscriptions()
                     if result.changed_members
-                    else self.replica.group_streams(group_id, loaded.rev, group)
+                    else group.live_subscriptions()
                 )
                 # Streams that do not exist yet are included: the subscription is
                 # recorded, so the stream is created with this group's consumer groups.
@@ -210,7 +230,7 @@ class HeartbeatHandler:
                 self.metrics.observe_group(
                     group_id,
                     group_epoch=result.group.group_epoch,
-                    live_members=len(result.group.live_members()),
+                    live_members=result.group.live_count(),
                 )
                 refused = await self.store.write_fences(group_id, result.fences)
                 if refused:

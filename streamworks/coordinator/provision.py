@@ -44,7 +44,8 @@ async def create_shards(
     provisional: bool = False,
 ) -> int:
     """Create each shard key with a consumer group per name in ``groups`` (atomically
-    per shard; existing shards are left alone). Returns how many were created.
+    per shard; existing shards are left alone), pipelined. Returns how many were
+    created.
 
     Args:
         provisional: the group list is not final (``groups`` was read before the layout
@@ -53,13 +54,11 @@ async def create_shards(
             after the commit.
     """
     mode = "provisional" if provisional else "sealed"
-    created = 0
-    for shard in shards:
-        reply = await scripts.shard_create(
-            keys=[keyspace.stream(shard), keyspace.shard_groups(shard)], args=[mode, *groups]
-        )
-        created += int(reply)
-    return created
+    replies = await scripts.call_many(
+        "shard_create",
+        [([keyspace.stream(s), keyspace.shard_groups(s)], [mode, *groups]) for s in shards],
+    )
+    return sum(int(reply) for reply in replies)
 
 
 async def record_shard_groups(
@@ -68,15 +67,14 @@ async def record_shard_groups(
     """Add ``groups`` to each shard's group set and confirm (seal) the set, so trimming
     runs again. ``groups`` must come from a registry read taken *after* the layout
     holding the shards was committed. Also backfills shards created before the set
-    existed. Returns the shards whose key is missing (nothing written for them)."""
-    missing = []
-    for shard in shards:
-        reply = await scripts.shard_groups(
-            keys=[keyspace.stream(shard), keyspace.shard_groups(shard)], args=list(groups)
-        )
-        if int(reply) == -2:
-            missing.append(shard)
-    return missing
+    existed. Pipelined. Returns the shards whose key is missing (nothing written for
+    them)."""
+    shards = list(shards)
+    replies = await scripts.call_many(
+        "shard_groups",
+        [([keyspace.stream(s), keyspace.shard_groups(s)], list(groups)) for s in shards],
+    )
+    return [shard for shard, reply in zip(shards, replies, strict=True) if int(reply) == -2]
 
 
 async def create_group(
@@ -87,15 +85,18 @@ async def create_group(
     start: Literal["earliest", "latest"] = "earliest",
 ) -> list[ShardId]:
     """Create ``group`` on every existing shard (never the shard key) and add it to the
-    shard's group set; returns the shards whose key is missing."""
-    missing = []
-    for shard in shards:
-        created = await scripts.group_create(
-            keys=[keyspace.stream(shard), keyspace.shard_groups(shard)], args=[group, start]
-        )
-        if int(created) == -2:
-            missing.append(shard)
-    return missing
+    shard's group set; returns the shards whose key is missing.
+
+    Pipelined (``Scripts.call_many``): it runs inside a heartbeat's critical section,
+    and one round trip per shard would take seconds at 10,000 shards, longer than the
+    mutex TTL.
+    """
+    shards = list(shards)
+    replies = await scripts.call_many(
+        "group_create",
+        [([keyspace.stream(s), keyspace.shard_groups(s)], [group, start]) for s in shards],
+    )
+    return [shard for shard, reply in zip(shards, replies, strict=True) if int(reply) == -2]
 
 
 async def destroy_group(scripts: Scripts, keyspace: Keyspace, shard: ShardId, group: str) -> bool:

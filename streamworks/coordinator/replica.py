@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from streamworks.clock import Clock
-from streamworks.coordinator.core import Group, Member
+from streamworks.coordinator.core import Member
 from streamworks.coordinator.core.model import Topology
 from streamworks.coordinator.core.streams import StreamMeta, topology_of
 
@@ -37,7 +37,6 @@ class ReplicaState:
         # Last Redis time seen (without the test offset) and the monotonic time it was
         # seen at: the fast path's estimate of Redis time.
         self._redis_time: tuple[int, float] = (0, 0.0)
-        self._streams_cache: dict[tuple[str, int], frozenset[str]] = {}
         self._topology_cache: dict[tuple[tuple[str, int], ...], Topology] = {}
 
     def saw_redis_time(self, now_ms: int) -> None:
@@ -50,17 +49,6 @@ class ReplicaState:
         if not redis_ms:
             redis_ms, at = int(time.time() * 1000), time.monotonic()
         return redis_ms + int((time.monotonic() - at) * 1000) + self.clock.offset_ms
-
-    def group_streams(self, group_id: str, rev: int, group: Group) -> frozenset[str]:
-        """Streams the group's live members subscribe to (cached per group revision)."""
-        key = (group_id, rev)
-        cached = self._streams_cache.get(key)
-        if cached is None:
-            cached = frozenset(live_subscriptions(group.members.values()))
-            if len(self._streams_cache) > _CACHE_LIMIT:
-                self._streams_cache.clear()
-            self._streams_cache[key] = cached
-        return cached
 
     def topology_of(self, revs: Mapping[str, int], metas: Mapping[str, StreamMeta]) -> Topology:
         """The core's topology of these streams (cached per stream revisions)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from streamworks.coordinator import provision
 from streamworks.coordinator.core.migrations import (
@@ -117,18 +118,32 @@ class Resharder:
                 return updated
         raise Conflict(f"stream {name!r}: lost the compare-and-set repeatedly; retry")
 
-    async def tick(self) -> None:
+    async def tick(self, revs: Mapping[str, int] | None = None, now_ms: int | None = None) -> None:
         """Advance every stream's migration that is due. Each stream on its own: one
         that fails closed (lost metadata, E21) or whose mutex is held does not hold up
-        the others."""
-        for name in await self.store.registered_streams():
+        the others.
+
+        Args:
+            revs: every registered stream's revision, as the loop just read them
+                (``Store.survey``): a stream whose cached metadata is at that revision
+                is decided on without a round trip. Read here when omitted.
+            now_ms: Redis time of the loop's pass; read here when omitted.
+        """
+        if revs is None:
+            names = await self.store.registered_streams()
+            revs = await self.store.stream_revs(names)
+        now = await self.store.now_ms() if now_ms is None else now_ms
+        for name, rev in revs.items():
             try:
-                rev, meta = await self.store.load_stream(name)
+                cached = self.store.cached_stream(name)
+                if cached is not None and cached[0] == rev:
+                    meta: StreamMeta | None = cached[1]
+                else:
+                    rev, meta = await self.store.load_stream(name)
                 if meta is None:
                     continue
                 if (name, rev) not in self._sealed:
                     await self._seal(name)
-                now = await self.store.now_ms()
                 if not due_for_drain_check(meta, now):
                     continue
                 await self._check_and_retire(name)

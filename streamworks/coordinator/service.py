@@ -21,6 +21,8 @@ import contextlib
 import logging
 from typing import Any
 
+import anyio
+
 from streamworks.clock import Clock
 from streamworks.coordinator.admin import OperatorActions
 from streamworks.coordinator.core import CoreConfig
@@ -93,6 +95,7 @@ class CoordinatorService:
         self.metrics = CoordinatorMetrics()
         self.discipline = WriteDiscipline(self.store)
         self.state = ReplicaState(self.clock)
+        self._namespace_lock = anyio.Lock()
         self.subscriptions = Subscriptions(self.store, self.keyspace)
         self.resharder = Resharder(
             self.store, self.keyspace, settings, self.discipline, self.metrics
@@ -162,7 +165,12 @@ class CoordinatorService:
     async def ensure_namespace(self) -> str:
         """The namespace id, claimed once (``SET NX``) and then cached (``redis/namespace.py``)."""
         if self.state.namespace_id is None:
-            self.state.namespace_id = await self.store.claim_namespace()
+            # One claim at a time: a burst of first heartbeats would otherwise send as
+            # many SET NX + GET pairs (and, on a cluster, race the client's first
+            # discovery of the slot map).
+            async with self._namespace_lock:
+                if self.state.namespace_id is None:
+                    self.state.namespace_id = await self.store.claim_namespace()
         return self.state.namespace_id
 
     async def heartbeat(self, group_id: str, body: HeartbeatRequest) -> HeartbeatResponse:

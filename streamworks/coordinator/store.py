@@ -6,13 +6,19 @@ Everything here is a thin shell over Redis; decisions are the core's. Layout
 * ``group:<g>`` — a hash: ``rev`` (storeRevision), ``header`` (JSON), and one field
   per member ``m:<id>`` (JSON), so a heartbeat that changes one member writes one
   field; ``group:<g>:mutex``; ``group:<g>:leases`` (member -> expiry ms, Redis time);
+  ``group:<g>:changes`` — the changelog: which fields each commit wrote, newest first;
 * ``stream:<s>`` — a hash: ``rev`` and ``doc`` (JSON); ``stream:<s>:mutex``;
 * ``registry:*`` — every stream and group ever created, and which groups have a
   Redis consumer group on a stream's shards (tells "new" from "lost", E21).
 
 A replica caches what it loaded *by revision*: a cached group at revision R is
 exactly what Redis held at R, so comparing revisions (one ``HMGET``, or inside
-``lease_renew.lua``) is enough to use it. Redis stays the only source of truth.
+``lease_renew.lua``) is enough to use it. Redis stays the only source of truth. When the
+revision moved (another replica committed), the replica reads only what changed since R
+(``group_delta.lua`` walks the changelog back to R and returns the changed member
+records and header, atomically) and applies it (``core.changes.apply_delta``); only a
+replica that cannot be bridged (changelog trimmed, history rewritten by a loss of
+writes) reads the whole hash.
 
 A revision is the pair of the hash's ``rev`` (a counter, ``max(rev + 1, Redis time ms)``)
 and ``cid`` (the id of the commit that wrote it: this store's random writer id and a
@@ -39,6 +45,7 @@ import orjson
 
 from streamworks.clock import Clock
 from streamworks.coordinator.core import FenceWrite, Group, Member
+from streamworks.coordinator.core.changes import apply_delta
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import ShardGroupInfo
@@ -53,6 +60,7 @@ __all__ = (
     "MetadataUnavailable",
     "MutexTimeout",
     "Store",
+    "Survey",
     "Terminating",
 )
 
@@ -65,6 +73,10 @@ _TIME_LUA = "return redis.call('TIME')"
 _REPORT_EVERY = 10.0
 
 _CID_BITS = 128
+
+#: Entries kept in a group's changelog (``group_commit.lua``): a replica that fell
+#: further behind than this many commits reads the whole group instead.
+CHANGELOG_LENGTH = 4096
 
 
 def _revision(raw_rev: Any, raw_cid: Any) -> int:
@@ -112,6 +124,21 @@ class Terminating(CoordinatorError):
             retryable=True,
             status=503,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What the event loop reads of every group and stream in one pipeline.
+
+    Attributes:
+        group_revs: group -> revision of its metadata (0: none).
+        earliest_leases: group -> the member whose lease runs out first and when.
+        stream_revs: stream -> revision of its metadata (0: none).
+    """
+
+    group_revs: Mapping[str, int]
+    earliest_leases: Mapping[str, tuple[str, int] | None]
+    stream_revs: Mapping[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +276,11 @@ class Store:
         cached = self._groups.get(group_id)
         if cached is not None and cached[0] == rev:
             return Loaded(cached[1], rev, now_ms)
+        if cached is not None:
+            caught_up = await self._catch_up(group_id, *cached)
+            if caught_up is not None:
+                self._groups[group_id] = caught_up
+                return Loaded(caught_up[1], caught_up[0], now_ms)
         fields = await self.redis.hgetall(key)
         try:
             rev = _revision(int(fields[b"rev"]), fields.get(b"cid"))
@@ -263,6 +295,39 @@ class Store:
             raise self.unavailable(f"group {group_id!r} metadata is corrupt: {e}") from e
         self._groups[group_id] = (rev, group)
         return Loaded(group, rev, now_ms)
+
+    async def _catch_up(self, group_id: str, rev: int, group: Group) -> tuple[int, Group] | None:
+        """The group at its current revision from ``group`` at ``rev`` and the changes
+        committed since (``group_delta.lua``: only the changed member records, and the
+        header if it changed); None when the changelog cannot bridge the two (the
+        caller reads the whole hash).
+
+        Raises:
+            MetadataUnavailable: a changed record is undecodable.
+        """
+        reply = await self.scripts.group_delta(
+            keys=[self.keyspace.group_meta(group_id), self.keyspace.group_changes(group_id)],
+            args=[_token(rev), CHANGELOG_LENGTH],
+        )
+        code = int(reply[0])
+        if code == 0:
+            return rev, group
+        if code != 1:
+            return None
+        try:
+            new_rev = _revision(int(reply[1]), reply[2])
+            header = orjson.loads(reply[3]) if reply[3] else None
+            upserts: list[Member] = []
+            removed: list[str] = []
+            for j in range(4, len(reply), 2):
+                member_id, doc = reply[j].decode(), reply[j + 1]
+                if doc is None:
+                    removed.append(member_id)
+                else:
+                    upserts.append(Member.from_dict(orjson.loads(doc)))
+            return new_rev, apply_delta(group, header, upserts, removed)
+        except (ValueError, orjson.JSONDecodeError) as e:
+            raise self.unavailable(f"group {group_id!r} metadata is corrupt: {e}") from e
 
     async def commit_group(
         self,
@@ -296,10 +361,15 @@ class Store:
         args.append(now_ms)
         args += [len(upserts) // 2, *upserts]
         args += [len(removed), *removed, len(renew), *renew, len(unlease), *unlease]
-        args += [len(expect_expired), *expect_expired]
-        key = self.keyspace.group_meta(group.group_id)
+        args += [len(expect_expired), *expect_expired, CHANGELOG_LENGTH]
+        group_id = group.group_id
         reply = await self.scripts.group_commit(
-            keys=[key, self.keyspace.registry_groups(), self.keyspace.group_leases(group.group_id)],
+            keys=[
+                self.keyspace.group_meta(group_id),
+                self.keyspace.registry_groups(),
+                self.keyspace.group_leases(group_id),
+                self.keyspace.group_changes(group_id),
+            ],
             args=args,
         )
         if reply[0] != 1:
@@ -349,6 +419,29 @@ class Store:
         raw = await self.redis.zrange(self.keyspace.group_leases(group_id), 0, -1, withscores=True)
         return {m.decode(): int(score) for m, score in raw}
 
+    async def survey(self, groups: Sequence[str], streams: Sequence[str]) -> Survey:
+        """Revisions of ``groups`` and ``streams`` and each group's earliest lease, in one
+        pipelined round trip (the loop tells idle groups and streams from due ones by
+        these, without a round trip per entity)."""
+        if not groups and not streams:
+            return Survey({}, {}, {})
+        pipe = self.redis.pipeline(transaction=False)
+        for group_id in groups:
+            pipe.hmget(self.keyspace.group_meta(group_id), ["rev", "cid"])
+            pipe.zrange(self.keyspace.group_leases(group_id), 0, 0, withscores=True)
+        for name in streams:
+            pipe.hmget(self.keyspace.stream_meta(name), ["rev", "cid"])
+        replies = await pipe.execute()
+        group_revs: dict[str, int] = {}
+        earliest: dict[str, tuple[str, int] | None] = {}
+        for j, group_id in enumerate(groups):
+            group_revs[group_id] = _revision(*replies[2 * j])
+            first = replies[2 * j + 1]
+            earliest[group_id] = (first[0][0].decode(), int(first[0][1])) if first else None
+        offset = 2 * len(groups)
+        stream_revs = {n: _revision(*replies[offset + j]) for j, n in enumerate(streams)}
+        return Survey(group_revs, earliest, stream_revs)
+
     async def registered_groups(self) -> list[str]:
         return sorted(
             m.decode() for m in await self.redis.smembers(self.keyspace.registry_groups())
@@ -362,7 +455,9 @@ class Store:
 
     async def delete_group_meta(self, group_id: str) -> None:
         """Delete what is left of a group's metadata hash (operator recovery, E21)."""
-        await self.redis.delete(self.keyspace.group_meta(group_id))
+        await self.redis.delete(
+            self.keyspace.group_meta(group_id), self.keyspace.group_changes(group_id)
+        )
         self._groups.pop(group_id, None)
 
     # -- streams ---------------------------------------------------------------------

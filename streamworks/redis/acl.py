@@ -85,6 +85,7 @@ def _rules(role: Role, prefix: str) -> list[str]:
         "+hget", "+hgetall", "+hmget", "+hset", "+hdel", "+set", "+get", "+del",
         "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zscore",
         "+sadd", "+srem", "+smembers", "+sismember",
+        "+lpush", "+ltrim", "+lrange", "+hlen",  # group changelogs (incremental reloads)
         # shard provisioning, owner fences, positions, drain check and retirement (with
         # the lag repair of retire.lua: XGROUP SETID ... ENTRIESREAD)
         "+exists", "+xgroup|create", "+xgroup|destroy", "+xgroup|setid", "+xinfo|groups",

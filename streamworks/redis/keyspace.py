@@ -138,6 +138,11 @@ class Keyspace:
         """Group metadata hash: header fields plus one field per member."""
         return f"{self.control_tag}:group:{group}"
 
+    def group_changes(self, group: str) -> str:
+        """The group's changelog (list, newest first): what each commit changed, so a
+        replica catches up by reading only that (``group_delta.lua``)."""
+        return f"{self.control_tag}:group:{group}:changes"
+
     def group_mutex(self, group: str) -> str:
         return f"{self.control_tag}:group:{group}:mutex"
 

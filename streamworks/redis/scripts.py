@@ -33,6 +33,7 @@ SCRIPT_NAMES = (
     "fence",
     "group_commit",
     "group_create",
+    "group_delta",
     "group_destroy",
     "lease_renew",
     "mutex_release",
@@ -63,6 +64,7 @@ class Scripts:
     fence: AsyncScript
     group_commit: AsyncScript
     group_create: AsyncScript
+    group_delta: AsyncScript
     group_destroy: AsyncScript
     lease_renew: AsyncScript
     mutex_release: AsyncScript
@@ -99,6 +101,33 @@ class Scripts:
         except NoScriptError:
             await self._client.script_load(script.script)
             return await call(self._client, command)
+
+    async def call_many(
+        self, name: str, calls: Sequence[tuple[list[Arg], list[Arg]]], *, chunk: int = 1000
+    ) -> list[Any]:
+        """Run script ``name`` once per ``(keys, args)`` in ``calls``, ``chunk`` calls per
+        round trip (a shard per call: thousands of shards cost a few round trips, not
+        one each); the replies in order. Calls refused with ``NOSCRIPT`` (they did not
+        run) are run again after loading the script; any other error reply raises."""
+        script = getattr(self, name)
+        replies: list[Any] = []
+        for start in range(0, len(calls), chunk):
+            commands: list[list[Arg]] = [
+                ["EVALSHA", script.sha, len(keys), *keys, *args]
+                for keys, args in calls[start : start + chunk]
+            ]
+            batch = await run_batch(self._client, commands)
+            retry = [j for j, r in enumerate(batch) if isinstance(r, NoScriptError)]
+            if retry:
+                await self._client.script_load(script.script)
+                again = await run_batch(self._client, [commands[j] for j in retry])
+                for j, reply in zip(retry, again, strict=True):
+                    batch[j] = reply
+            for reply in batch:
+                if isinstance(reply, Exception):
+                    raise reply
+            replies += batch
+        return replies
 
     async def call_after(
         self, first: list[Arg], name: str, keys: list[Arg], args: list[Arg]

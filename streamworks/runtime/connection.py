@@ -26,7 +26,7 @@ from streamworks.settings import Settings
 if TYPE_CHECKING:
     from streamworks.app import App
 
-__all__ = ("Connection", "create_producer", "open_connection")
+__all__ = ("Connection", "create_producer", "dedup_windows", "open_connection")
 
 log = logging.getLogger("streamworks.connection")
 
@@ -62,7 +62,7 @@ def create_producer(
         app.codec,
         max_reroutes=settings.producer.max_reroutes,
         sticky_batch=settings.producer.sticky_batch,
-        dedup_windows={s.name: s.dedup_window for s in app.streams.values() if s.dedup_window},
+        dedup_windows=dedup_windows(app, settings),
         durability={
             s.name: (s.min_replicas, s.replica_timeout)
             for s in app.streams.values()
@@ -70,6 +70,19 @@ def create_producer(
         },
         clock=clock,
     )
+
+
+def dedup_windows(app: App, settings: Settings) -> dict[str, float]:
+    """Stream -> how long its idempotent-publish records live (s): the stream's
+    ``dedup_window``, or ``producer.dedup_ttl`` when the operator set it (one knob
+    for the memory those records take, whatever each app declared). Streams
+    without dedup stay without it."""
+    override = settings.producer.dedup_ttl
+    return {
+        s.name: override if override is not None else s.dedup_window
+        for s in app.streams.values()
+        if s.dedup_window
+    }
 
 
 @contextlib.asynccontextmanager

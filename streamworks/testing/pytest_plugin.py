@@ -87,7 +87,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         else:
             params = [pytest.param("cluster")]
     elif target == "default" and marked:
-        params = [pytest.param("single"), pytest.param("cluster")]
+        if metafunc.definition.get_closest_marker("no_cluster") is not None:
+            params = [pytest.param("single")]
+        else:
+            params = [pytest.param("single"), pytest.param("cluster")]
     else:
         return  # the single server, without a parameter id
     metafunc.parametrize("streamworks_redis_url", params, indirect=True, scope="session")

@@ -15,6 +15,7 @@ from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 from streamworks.runtime.routing import RoutingTable, ShardRoute
 from streamworks.testing import TestRuntime
+from streamworks.testing.runtime import fast_settings
 
 
 def orders_app(shards: int = 4, **stream: Any) -> App:
@@ -132,6 +133,30 @@ async def test_shard_level_dedup_skips_a_repeated_event_id_even_after_retirement
         late = await app.publish("orders", {"n": 1}, key="k", event_id="ev-1")
         assert late.duplicate and late.entry_id == first.entry_id
         assert not await rt.redis.exists(rt.keyspace.stream(shard))
+
+
+@pytest.mark.seed("E18")
+async def test_the_dedup_record_lives_for_the_window_or_the_operators_setting(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    """A dedup record expires with the stream's ``dedup_window``; ``producer.dedup_ttl``
+    overrides it for every stream with dedup on (and turns it on for none)."""
+    for override, expected in ((None, 60_000), (5.0, 5_000)):
+        app = orders_app(2, dedup_window=60)
+        app.stream("plain", shards=1)
+        settings = fast_settings()
+        settings = settings.model_copy(
+            update={"producer": settings.producer.model_copy(update={"dedup_ttl": override})}
+        )
+        async with streamworks_runtime(app, workers=0, settings=settings) as rt:
+            first = await app.publish("orders", {"n": 1}, key="k", event_id="ev-1")
+            record = rt.keyspace.dedup(ShardId.parse(first.shard), "ev-1")
+            ttl = await rt.redis.pttl(record)
+            assert expected - 2_000 < ttl <= expected, (override, ttl)
+            plain = await app.publish("plain", {"n": 1}, event_id="ev-1")
+            again = await app.publish("plain", {"n": 1}, event_id="ev-1")
+            assert not plain.duplicate and not again.duplicate  # no dedup declared: none
+            assert not await rt.redis.exists(rt.keyspace.dedup(ShardId.parse(plain.shard), "ev-1"))
 
 
 @pytest.mark.seed("E18")

@@ -47,7 +47,7 @@ from streamworks.coordinator.core import (
     remove_stale_members,
     stream_of,
 )
-from streamworks.coordinator.core.changes import GroupEdit
+from streamworks.coordinator.core.changes import GroupEdit, apply_delta
 from streamworks.exceptions import ConfigurationError
 
 MEMBER_IDS = ("m0", "m1", "m2", "m3", "m4")
@@ -165,6 +165,17 @@ class GroupMachine(RuleBasedStateMachine):
             else:
                 self.fences[fence.shard] = token
         self.history = [*self.history[-9:], (before, dict(self.leases))]
+        _check_derived(after)
+        # What another replica reads after this commit (the changed records and, if it
+        # changed, the header), applied to what it had: exactly the committed group.
+        caught_up = apply_delta(
+            before,
+            after.to_header() if result.header_changed else None,
+            [after.members[m] for m in result.changed_members if m in after.members],
+            result.removed_members,
+        )
+        assert caught_up == after
+        _check_derived(caught_up)
         self.group = after
         if refused_epoch >= 0:
             self._apply(raise_epoch_floor(self.group, refused_epoch))
@@ -776,3 +787,15 @@ def test_group_edit_reports_only_real_changes() -> None:
     assert changed == {"m", "n"}
     assert removed == {"m"}
     assert not header_changed
+
+
+def _check_derived(group: Group) -> None:
+    """The derived maps of ``group`` (patched step by step) equal a fresh computation."""
+    fresh = Group.from_header(group.to_header(), group.members.values())
+    assert group.holders() == fresh.holders() == fresh._compute_holders()
+    assert group.live_count() == fresh.live_count() == len(fresh.live_members())
+    assert dict(group.subscribers()) == dict(fresh.subscribers())
+    assert group.live_subscriptions() == {
+        s for m in group.members.values() if m.is_live for s in m.subscriptions
+    }
+    assert group.timer_deadlines() == fresh.timer_deadlines()

@@ -98,8 +98,11 @@ def test_layout_invariants_hold_under_any_sequence(ops: list[tuple[str, int]]) -
     meta = new_stream("s", 4, 0)
     now = 0
     seen: set[str] = set(meta.shard_ids())
+    ever: set[str] = set(seen)  # every shard id the stream ever had
+    incarnation = meta.next_incarnation
     routing = meta.routing_version
     for op, n in ops:
+        states = {s.shard_id("s"): s.state for s in meta.shards}
         if op == "scale":
             if n == meta.shard_count:
                 continue
@@ -123,10 +126,23 @@ def test_layout_invariants_hold_under_any_sequence(ops: list[tuple[str, int]]) -
         # Routable shards have indexes 0..count-1, exactly once each.
         assert [s.index for s in meta.routable()] == list(range(meta.shard_count))
         all_ids = meta.shard_ids()
-        assert len(all_ids) == len(set(all_ids))  # a key is never reused
-        assert set(all_ids) >= seen
+        assert len(all_ids) == len(set(all_ids))
+        # A key is never reused, although retired records are pruned: a shard id that
+        # left the record never comes back, and new ones were never seen before.
+        assert not (set(all_ids) - seen) & ever
+        assert not (ever - set(all_ids)) & set(all_ids)
+        # Only a shard that drained leaves the record, never a routable one.
+        gone = seen - set(all_ids)
+        assert all(states[g] is not ShardState.ACTIVE for g in gone), gone
+        ever |= set(all_ids)
         seen = set(all_ids)
         assert all(s.incarnation < meta.next_incarnation for s in meta.shards)
+        assert meta.next_incarnation >= incarnation  # incarnations only grow
+        incarnation = meta.next_incarnation
+        if not ids(meta, ShardState.DRAINING):
+            # Migration complete: no RETIRED record is kept, the record is its layout.
+            assert not ids(meta, ShardState.RETIRED)
+            assert len(meta.shards) == meta.shard_count
         assert (migration_phase(meta, now) is MigrationPhase.NONE) == (
             not ids(meta, ShardState.DRAINING)
         )

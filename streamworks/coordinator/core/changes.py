@@ -13,13 +13,19 @@ change even if it touched records on the way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
-from streamworks.coordinator.core.model import FenceWrite, Group, Member, MemberState
+from streamworks.coordinator.core.model import (
+    FenceWrite,
+    Group,
+    Member,
+    MemberState,
+    _patched_holders,
+)
 
-__all__ = ("GroupChange", "GroupEdit", "TimerResult")
+__all__ = ("GroupChange", "GroupEdit", "TimerResult", "apply_delta")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,7 @@ class GroupEdit:
     """A group being changed by one step. Internal to the core."""
 
     __slots__ = (
+        "_built",
         "_members",
         "_touched",
         "group_epoch",
@@ -74,6 +81,7 @@ class GroupEdit:
         self.last_assignment_ms = group.last_assignment_ms
         self._members: dict[str, Member] | None = None
         self._touched: set[str] = set()
+        self._built = False
 
     @property
     def members(self) -> Mapping[str, Member]:
@@ -95,43 +103,27 @@ class GroupEdit:
         the members touched in this step, so a heartbeat on a large group costs
         O(what changed), not O(members).
         """
-        base = self.original.holders()
         if not self._touched:
-            return base
-        holders = dict(base)
-        original = self.original.members
-        current = self.members
-        for member_id in self._touched:
-            before = original.get(member_id)
-            if before is not None:
-                for shard in before.held():  # a tombstone holds its quarantine only
-                    if holders.get(shard) == member_id:
-                        del holders[shard]
-        for member_id in self._touched:
-            after = current.get(member_id)
-            if after is not None and after.is_live:
-                for shard in after.held():
-                    holders[shard] = member_id
-        for member_id in self._touched:
-            after = current.get(member_id)
-            if after is not None and not after.is_live:
-                for shard in after.quarantined:
-                    holders.setdefault(shard, member_id)
-        return holders
+            return self.original.holders()
+        return _patched_holders(self.original, self.members, self._touched)
 
     def put(self, member: Member) -> None:
         """Add or replace a member record."""
-        if self._members is None:
-            self._members = dict(self.original.members)
-        self._members[member.member_id] = member
+        self._writable()[member.member_id] = member
         self._touched.add(member.member_id)
 
     def remove(self, member_id: str) -> None:
         """Delete a member record."""
-        if self._members is None:
-            self._members = dict(self.original.members)
-        self._members.pop(member_id, None)
+        self._writable().pop(member_id, None)
         self._touched.add(member_id)
+
+    def _writable(self) -> dict[str, Member]:
+        # One C-level copy of the member map per step (on the first write), never a
+        # per-member walk; a map handed to a built group is never written again.
+        if self._members is None or self._built:
+            self._members = dict(self.members)
+            self._built = False
+        return self._members
 
     def bump(self) -> None:
         """Bump the group epoch (and metadata version) for a change of membership,
@@ -178,17 +170,24 @@ class GroupEdit:
         self.topology_version = MappingProxyType({})
 
     def build(self) -> Group:
-        """The edited group."""
-        if self._members is None and self._header() == _header_of(self.original):
-            return self.original
-        return Group(
-            group_id=self.original.group_id,
+        """The edited group (its derived maps patched from the original's, so building
+        costs O(what changed), not O(members))."""
+        if self._members is None:
+            if self._header() == _header_of(self.original):
+                return self.original
+            members: Mapping[str, Member] = self.original.members  # immutable: shared
+        else:
+            members = self._members
+            self._built = True
+        return Group._trusted(
+            self.original,
+            members,
+            self._touched,
             group_epoch=self.group_epoch,
             target_epoch=self.target_epoch,
             metadata_version=self.metadata_version,
             topology_version=self.topology_version,
             last_assignment_ms=self.last_assignment_ms,
-            members=self.members,
         )
 
     def finish(self) -> tuple[Group, frozenset[str], frozenset[str], bool]:
@@ -230,3 +229,37 @@ def _header_of(group: Group) -> tuple[object, ...]:
 
 def _without_target(member: Member) -> Member:
     return replace(member, target=frozenset())
+
+
+def apply_delta(
+    group: Group,
+    header: object | None,
+    upserts: Iterable[Member],
+    removed: Iterable[str],
+) -> Group:
+    """``group`` with a stored change applied: a new header document (None: unchanged),
+    member records written and member records deleted.
+
+    This is how a replica catches up with commits of other replicas without reading
+    the whole group: applied to the group at revision R, the changes of every commit
+    after R give exactly what a full read at the newest revision gives, in O(what
+    changed) (the derived maps are patched, not rebuilt).
+
+    Raises:
+        ValueError: the header is malformed or names another group.
+    """
+    edit = GroupEdit(group)
+    for member in upserts:
+        edit.put(member)
+    for member_id in removed:
+        edit.remove(member_id)
+    if header is not None:
+        fields = Group.from_header(header)
+        if fields.group_id != group.group_id:
+            raise ValueError(f"header of group {fields.group_id!r} applied to {group.group_id!r}")
+        edit.group_epoch = fields.group_epoch
+        edit.target_epoch = fields.target_epoch
+        edit.metadata_version = fields.metadata_version
+        edit.topology_version = fields.topology_version
+        edit.last_assignment_ms = fields.last_assignment_ms
+    return edit.build()

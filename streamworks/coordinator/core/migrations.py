@@ -13,7 +13,8 @@ has passed, each draining shard is checked in Redis (``retire.lua``): every regi
 group present, ``pending == 0``, ``lag == 0`` (``nil`` is *not* drained), nothing after
 ``last-delivered-id``; the same script deletes the key atomically when the check
 passes. A retired shard leaves the layout. The migration is complete when nothing is
-draining.
+draining; its RETIRED records are pruned then (``next_incarnation`` keeps new keys
+from ever repeating theirs).
 
 Nothing here waits for a live member: phases advance on time and on Redis evidence
 only, so a migration never sticks because nobody heartbeats (E9, E10), and "no live
@@ -78,6 +79,10 @@ def scale(meta: StreamMeta, target: int, now_ms: int, routing_lease_ms: int) -> 
             records[records.index(record)] = replace(record, state=ShardState.DRAINING)
             draining.append(record.shard_id(meta.name))
     previous = dict(meta.migration or {})
+    if "completed_ms" in previous:
+        # The last migration completed: this one starts its own lists (the record
+        # stays the size of one migration, not of every migration ever run).
+        previous = {"id": previous.get("id", 0)}
     fence = int(previous.get("routing_fence_ms", 0))
     if draining:
         fence = max(fence, now_ms + routing_lease_ms)
@@ -136,14 +141,25 @@ def retire_shards(meta: StreamMeta, shard_ids: Iterable[str], now_ms: int) -> St
 
 def _settle(meta: StreamMeta, now_ms: int | None = None) -> StreamMeta:
     """Stamp the migration record complete once nothing drains (it stays as the last
-    migration, for status). The phase itself is never stored: it is derived from the
-    shard states and the clock (:func:`migration_phase`)."""
+    migration, for status), and prune the RETIRED records then. The phase itself is
+    never stored: it is derived from the shard states and the clock
+    (:func:`migration_phase`).
+
+    A retired record is needed only while its migration runs (it is what tells a
+    drain check that found the key gone from a shard still to check). Incarnations
+    never repeat without it: ``next_incarnation`` only grows and every new shard
+    takes it, so a key of a pruned shard is never created again.
+    """
     migration = dict(meta.migration or {})
     if not migration:
         return meta
-    if any(s.state is ShardState.DRAINING for s in meta.shards):
+    draining = any(s.state is ShardState.DRAINING for s in meta.shards)
+    if draining:
         migration.pop("completed_ms", None)
     elif "completed_ms" not in migration:
         migration["completed_ms"] = now_ms if now_ms is not None else migration.get("started_ms")
     migration.pop("phase", None)
-    return replace(meta, migration=migration)
+    shards = meta.shards
+    if not draining:
+        shards = tuple(s for s in shards if s.state is not ShardState.RETIRED)
+    return replace(meta, shards=shards, migration=migration)

@@ -292,9 +292,18 @@ class Group:
     topology_version: Mapping[str, int] = field(default_factory=_empty_map)
     last_assignment_ms: int = 0
     members: Mapping[str, Member] = field(default_factory=lambda: MappingProxyType({}))
-    # Derived from ``members`` on first use (the group is immutable, so it never goes
-    # stale): a heartbeat on a large group must not rebuild it every time.
+    # Derived from ``members`` on first use (the group is immutable, so they never go
+    # stale): a heartbeat on a large group must not rebuild them every time. A group
+    # built by ``GroupEdit`` gets them patched from its original's (O(what changed)).
     _holders: Mapping[str, str] | None = field(default=None, init=False, compare=False, repr=False)
+    # stream -> number of live members subscribing to it.
+    _subscribers: Mapping[str, int] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
+    _live_count: int | None = field(default=None, init=False, compare=False, repr=False)
+    _deadline: tuple[int | None, ...] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "topology_version", _frozen_map(self.topology_version))
@@ -326,6 +335,91 @@ class Group:
         """Members taking part in the group (not FENCED or EXPIRED), by id."""
         return {mid: m for mid, m in self.members.items() if m.is_live}
 
+    def live_count(self) -> int:
+        """How many members are live (computed once per group state)."""
+        if self._live_count is None:
+            object.__setattr__(
+                self, "_live_count", sum(1 for m in self.members.values() if m.is_live)
+            )
+        assert self._live_count is not None
+        return self._live_count
+
+    def live_subscriptions(self) -> frozenset[str]:
+        """Streams any live member subscribes to (computed once per group state)."""
+        return frozenset(self.subscribers())
+
+    def subscribers(self) -> Mapping[str, int]:
+        """Stream -> how many live members subscribe to it (computed once per group state)."""
+        if self._subscribers is None:
+            counts: dict[str, int] = {}
+            for member in self.members.values():
+                if member.is_live:
+                    for stream in member.subscriptions:
+                        counts[stream] = counts.get(stream, 0) + 1
+            object.__setattr__(self, "_subscribers", MappingProxyType(counts))
+        assert self._subscribers is not None
+        return self._subscribers
+
+    @classmethod
+    def _trusted(
+        cls,
+        original: Group,
+        members: Mapping[str, Member],
+        touched: Iterable[str],
+        *,
+        group_epoch: int,
+        target_epoch: int,
+        metadata_version: int,
+        topology_version: Mapping[str, int],
+        last_assignment_ms: int,
+    ) -> Group:
+        """A group derived from ``original`` by replacing the records in ``touched``.
+
+        ``members`` is a private dict nobody else writes (it is not copied), or
+        ``original.members`` itself, in which
+        only the ``touched`` records differ from ``original``'s, each keyed by its own
+        id; so the checks of ``__post_init__`` hold except the epoch ones, which are
+        re-checked here, and the derived maps are patched from ``original``'s in
+        O(touched) instead of being rebuilt in O(members + shards).
+        """
+        if group_epoch < 0 or target_epoch < 0 or metadata_version < 0:
+            raise ValueError(f"group {original.group_id}: epochs and versions must be >= 0")
+        if target_epoch > group_epoch:
+            raise ValueError(f"group {original.group_id}: target epoch above group epoch")
+        group = object.__new__(cls)
+        setattr_ = object.__setattr__
+        setattr_(group, "group_id", original.group_id)
+        setattr_(group, "group_epoch", group_epoch)
+        setattr_(group, "target_epoch", target_epoch)
+        setattr_(group, "metadata_version", metadata_version)
+        setattr_(group, "topology_version", _frozen_map(topology_version))
+        setattr_(group, "last_assignment_ms", last_assignment_ms)
+        shared = members is original.members
+        setattr_(group, "members", members if shared else MappingProxyType(members))
+        setattr_(group, "_deadline", None)
+        ids = list(touched)
+        before = original.members
+        setattr_(group, "_holders", None)
+        if original._holders is not None:
+            holders = _patched_holders(original, members, ids)
+            setattr_(group, "_holders", MappingProxyType(holders))
+        setattr_(group, "_live_count", None)
+        setattr_(group, "_subscribers", None)
+        if original._live_count is not None and original._subscribers is not None:
+            live = original._live_count
+            counts = dict(original._subscribers)
+            for member_id in ids:
+                for record, sign in ((before.get(member_id), -1), (members.get(member_id), 1)):
+                    if record is not None and record.is_live:
+                        live += sign
+                        for stream in record.subscriptions:
+                            counts[stream] = counts.get(stream, 0) + sign
+                            if not counts[stream]:
+                                del counts[stream]
+            setattr_(group, "_live_count", live)
+            setattr_(group, "_subscribers", MappingProxyType(counts))
+        return group
+
     def holders(self) -> Mapping[str, str]:
         """Shard -> id of the live member holding it, in ``assigned`` or ``pending_revocation``
         (computed once per group state)."""
@@ -335,18 +429,27 @@ class Group:
         return self._holders
 
     def _compute_holders(self) -> dict[str, str]:
-        holders: dict[str, str] = {}
-        for member in self.members.values():
-            if member.is_live:
-                for shard in member.assigned:
-                    holders[shard] = member.member_id
-                for shard in member.pending_revocation:
-                    holders[shard] = member.member_id
-            else:
-                # A fenced member's runs may go on until its lease would have expired.
-                for shard in member.quarantined:
-                    holders.setdefault(shard, member.member_id)
-        return holders
+        return _holders_of(self.members)
+
+    def timer_deadlines(self) -> tuple[int | None, ...]:
+        """``(earliest revocation deadline, earliest tombstone expiry)``, None where
+        there is none; computed once per group state, so the event loop tells an idle
+        group from a due one without walking its members on every pass."""
+        if self._deadline is None:
+            revocation: int | None = None
+            expiry: int | None = None
+            for member in self.members.values():
+                if member.state is MemberState.UNREVOKED:
+                    d = member.revocation_deadline_ms
+                    if d is not None and (revocation is None or d < revocation):
+                        revocation = d
+                elif not member.is_live and member.expired_at_ms is not None:
+                    e = member.expired_at_ms
+                    if expiry is None or e < expiry:
+                        expiry = e
+            object.__setattr__(self, "_deadline", (revocation, expiry))
+        assert self._deadline is not None
+        return self._deadline
 
     def to_header(self) -> dict[str, object]:
         """A JSON-able document of every field except ``members``."""
@@ -473,6 +576,54 @@ class FenceWrite:
     shard: str
     member_id: str
     epoch: int
+
+
+def _patched_holders(
+    original: Group, members: Mapping[str, Member], touched: Iterable[str]
+) -> dict[str, str]:
+    """``original.holders()`` with the records in ``touched`` replaced by ``members``'.
+
+    Patched in O(what changed) while only live records changed; a step that touches a
+    tombstone (fenced, expired, removed: rare) recomputes, because a fenced member's
+    quarantined shards yield to live holders and may reappear when those let go."""
+    before = original.members
+    ids = list(touched)
+    for member_id in ids:
+        old, new = before.get(member_id), members.get(member_id)
+        if (old is not None and (not old.is_live or new is None)) or (
+            new is not None and not new.is_live
+        ):
+            return _holders_of(members)
+    holders = dict(original.holders())
+    for member_id in ids:
+        record = before.get(member_id)
+        if record is not None:
+            for shard in record.held():
+                if holders.get(shard) == member_id:
+                    del holders[shard]
+    for member_id in ids:
+        record = members.get(member_id)
+        if record is not None:
+            for shard in record.held():
+                holders[shard] = member_id
+    return holders
+
+
+def _holders_of(members: Mapping[str, Member]) -> dict[str, str]:
+    """Shard -> holder over every record: live members' assigned and pending
+    revocation, then fenced members' quarantined shards nobody live holds."""
+    holders: dict[str, str] = {}
+    for member in members.values():
+        if member.is_live:
+            for shard in member.assigned:
+                holders[shard] = member.member_id
+            for shard in member.pending_revocation:
+                holders[shard] = member.member_id
+    for member in members.values():
+        if not member.is_live:
+            for shard in member.quarantined:
+                holders.setdefault(shard, member.member_id)
+    return holders
 
 
 # -- strict decoding helpers: a stored document is either exactly right or an error --

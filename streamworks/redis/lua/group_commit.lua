@@ -13,8 +13,15 @@
 -- the group is recorded in the registry (so a later loss of its metadata is detected,
 -- E21) and member leases are set or removed (expiry = now + TTL).
 --
+-- Every commit also prepends an entry to the group's changelog (a list, newest first,
+-- trimmed to ARGV's last value): {r = new "<rev>:<cid>", p = the revision it replaced,
+-- h = 1 if the header was written, u = member ids written, d = member ids deleted}, so
+-- another replica holding the group at revision R reads only what changed since R
+-- (group_delta.lua) instead of the whole hash.
+--
 -- KEYS[1]  group metadata hash          KEYS[2]  registry of groups (set)
 -- KEYS[3]  member leases (sorted set: member -> expiry ms)
+-- KEYS[4]  the group's changelog (list of JSON entries, newest first)
 -- ARGV[1]  expected rev                 ARGV[2]  expected cid ('0': none)
 -- ARGV[3]  new cid                      ARGV[4]  group name
 -- ARGV[5]  header JSON ('' = unchanged) ARGV[6]  lease TTL ms
@@ -25,6 +32,7 @@
 -- then     z lease removals (members no longer live), then z member ids
 -- then     e expected-expired members: the commit is refused if any of them renewed
 --          its lease in the meantime (score in the future)
+-- then     the changelog's length (entries kept; 0: keep no changelog)
 --
 -- Returns  {1, new_rev, now_ms}   committed (with the caller's new cid)
 --          {0, current_rev}       conflict: someone else committed first
@@ -66,4 +74,20 @@ local ttl = tonumber(ARGV[6])
 for _, member in ipairs(renew) do redis.call('ZADD', KEYS[3], now + ttl, member) end
 for j = 1, m do redis.call('ZREM', KEYS[3], string.sub(deletes[j], 3)) end
 if #unlease > 0 then redis.call('ZREM', KEYS[3], unpack(unlease)) end
+local keep = tonumber(ARGV[i] or '0')
+if keep > 0 then
+  local written = {}
+  for j = 1, #upserts, 2 do written[#written + 1] = string.sub(upserts[j], 3) end
+  local deleted = {}
+  for j = 1, m do deleted[#deleted + 1] = string.sub(deletes[j], 3) end
+  local entry = cjson.encode({
+    r = redis.call('HGET', KEYS[1], 'rev') .. ':' .. ARGV[3],
+    p = ARGV[1] .. ':' .. ARGV[2],
+    h = (ARGV[5] ~= '') and 1 or 0,
+    u = written,
+    d = deleted,
+  })
+  redis.call('LPUSH', KEYS[4], entry)
+  redis.call('LTRIM', KEYS[4], 0, keep - 1)
+end
 return {1, rev, now}

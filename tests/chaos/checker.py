@@ -132,6 +132,7 @@ def parse_log(lines: Iterable[bytes | str]) -> list[Run]:
     Lines whose start record is missing (never the case unless the log was cut) are
     ignored."""
     runs: dict[int, Run] = {}
+    by_id: dict[str, int] = {}  # run id ("r") -> seq of its start record
     closes: list[tuple[dict[str, Any], int]] = []
     for line in lines:
         text = line.decode() if isinstance(line, bytes) else line
@@ -152,10 +153,14 @@ def parse_log(lines: Iterable[bytes | str]) -> list[Run]:
                 float(record["t"]),
                 group=record.get("g", "chaos"),
             )
+            if "r" in record:
+                by_id[record["r"]] = seq
         else:
             closes.append((record, seq))
     for record, seq in closes:
-        run = runs.get(int(record["start"]))
+        # End records name their run by id ("r"); older logs by the start's seq.
+        start = by_id.get(record["r"], -1) if "r" in record else int(record["start"])
+        run = runs.get(start)
         if run is None:
             continue
         if run.closed_t is not None:

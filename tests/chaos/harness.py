@@ -134,6 +134,7 @@ class ChaosResult:
     fail_stops: int = 0
     long_runs: int = 0
     unsubscribes: int = 0
+    server: str = "Redis"
 
     @property
     def ok(self) -> bool:
@@ -154,8 +155,8 @@ class ChaosResult:
             ("fault phase", f"{self.config.duration:g} s (whole run {self.elapsed:.0f} s)"),
             (
                 "processes",
-                f"Redis (AOF always), 2 coordinators, {self.config.workers} workers, "
-                f"{self.config.producers} producers",
+                f"{self.server} (AOF always), 2 coordinators, {self.config.workers} workers "
+                f"(2 of them sync) + 2 of a late group, {self.config.producers} producers",
             ),
             ("messages published (acked publishes)", str(self.published)),
             ("publish attempts that raised (retried)", str(self.publish_attempts_failed)),
@@ -245,9 +246,11 @@ class ChaosResult:
         logs = self.log_lines
         rows.append(
             (
-                "process logs: lease losses / fenced reads / ack flushes failed / tracebacks",
+                "process logs: lease losses / fenced reads / ack flushes failed / tracebacks"
+                " / lag repairs (Redis < 7.4)",
                 f"{logs.get('lease losses', 0)} / {logs.get('fenced reads', 0)} / "
-                f"{logs.get('ack flushes failed', 0)} / {logs.get('tracebacks', 0)}",
+                f"{logs.get('ack flushes failed', 0)} / {logs.get('tracebacks', 0)} / "
+                f"{logs.get('lag repairs', 0)}",
             )
         )
         rows.append(("verdict", "PASS" if self.ok else "FAIL"))
@@ -492,6 +495,7 @@ class ChaosRun:
         self.fail_stops = 0  # workers that exited 75 (a sync run outlived its lease)
         self.long_runs = 0  # messages published with a long handler run
         self.unsubscribes = 0
+        self.server = "Redis"
         self.replicas = [
             Replica("coordinator-a", free_port()),
             Replica("coordinator-b", free_port()),
@@ -630,6 +634,13 @@ class ChaosRun:
 
         self.redis = create_redis(settings)
         try:
+            info = await self.redis.info("server")
+            self.server = (
+                f"Valkey {info['valkey_version']}"
+                if info.get("valkey_version")
+                else f"Redis {info.get('redis_version', '?')}"
+            )
+            self.say(f"server: {self.server} ({self.redis_server.binary})")
             await self._start()
             stop = anyio.Event()
             async with anyio.create_task_group() as tg:
@@ -690,6 +701,7 @@ class ChaosRun:
             fail_stops=self.fail_stops,
             long_runs=self.long_runs,
             unsubscribes=self.unsubscribes,
+            server=self.server,
         )
         (workdir / "report.json").write_text(json.dumps(result.as_json(), indent=2))
         (workdir / "report.md").write_text(result.table() + "\n")
@@ -1269,6 +1281,7 @@ class ChaosRun:
             "ack flush failed": "ack flushes failed",
             "UNKNOWN_MEMBER": "UNKNOWN_MEMBER answers",
             "FENCED": "FENCED answers",
+            "repaired to 0": "lag repairs",
         }
         counts: Counter[str] = Counter()
         for proc in self.cluster.procs:

@@ -34,6 +34,7 @@ quickly), ``CHAOS_CONCURRENCY`` (default 16), ``CHAOS_ORDERING`` (default ``key`
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -102,6 +103,7 @@ def seq_key(prefix: str) -> str:
 _unsent: list[str] = []
 _unsent_lock = threading.Lock()
 _sync_client: redis_sync.Redis | None = None
+_runs = itertools.count(1)
 
 
 def _take_unsent() -> list[str]:
@@ -131,6 +133,7 @@ def _head(event: Event, ctx: Context) -> dict[str, Any]:
         "i": event.id,
         "k": message.key,
         "a": message.attempt,
+        "r": f"{os.getpid()}-{next(_runs)}",  # the run's id: its end record names it
     }
 
 
@@ -151,16 +154,18 @@ async def _record_async(event: Event, ctx: Context) -> None:
     prefix = conn.keyspace.prefix
     fence_key = conn.keyspace.fence(ShardId.parse(ctx.message.shard), GROUP)
     head = _head(event, ctx)
-    start = await redis.eval(
-        _START,
-        3,
-        seq_key(prefix),
-        fence_key,
-        log_key(prefix),
-        orjson.dumps({**head, "ev": "start", "t": entered}).decode(),
-    )
     error: BaseException | None = None
     try:
+        # Inside the try: a start record written whose reply is lost (Redis restarted,
+        # the process frozen past its read timeout) still gets its end record.
+        await redis.eval(
+            _START,
+            3,
+            seq_key(prefix),
+            fence_key,
+            log_key(prefix),
+            orjson.dumps({**head, "ev": "start", "t": entered}).decode(),
+        )
         if event.work:
             await anyio.sleep(event.work)
         if _should_fail(event, ctx):
@@ -170,7 +175,7 @@ async def _record_async(event: Event, ctx: Context) -> None:
         raise
     finally:
         ended = time.monotonic()
-        record = {**head, "ev": _end_kind(error), "start": int(start), "t": ended}
+        record = {**head, "ev": _end_kind(error), "t": ended}
         late = _take_unsent()
         records = [orjson.dumps(record).decode(), *late]
         # Shielded: a run cancelled at its deadline still records when it ended.
@@ -198,16 +203,16 @@ def _record_sync(event: Event, ctx: Context) -> None:
     prefix = ctx.app.connection.keyspace.prefix
     fence_key = ctx.app.connection.keyspace.fence(ShardId.parse(ctx.message.shard), GROUP)
     head = _head(event, ctx)
-    start = client.eval(
-        _START,
-        3,
-        seq_key(prefix),
-        fence_key,
-        log_key(prefix),
-        orjson.dumps({**head, "ev": "start", "t": entered}).decode(),
-    )
     error: BaseException | None = None
     try:
+        client.eval(
+            _START,
+            3,
+            seq_key(prefix),
+            fence_key,
+            log_key(prefix),
+            orjson.dumps({**head, "ev": "start", "t": entered}).decode(),
+        )
         if event.work:
             time.sleep(event.work)  # cannot be cancelled: past the lease, a fail-stop
         if _should_fail(event, ctx):
@@ -217,7 +222,7 @@ def _record_sync(event: Event, ctx: Context) -> None:
         raise
     finally:
         ended = time.monotonic()
-        record = {**head, "ev": _end_kind(error), "start": int(start), "t": ended}
+        record = {**head, "ev": _end_kind(error), "t": ended}
         late = _take_unsent()
         try:
             client.eval(

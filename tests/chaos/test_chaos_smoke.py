@@ -57,8 +57,6 @@ async def test_chaos_smoke_every_fault_kind_nothing_lost(tmp_path: Path) -> None
     # (a) nothing lost, (b) no overlapping ownership, (c) per-key order, final drain.
     assert result.ok, "\n".join([*result.failures(), result.table()])
     assert result.report.handled_ids + result.report.dead_lettered_poison >= result.published
-    # The scenarios beyond the fault kinds ran: long runs, the late group's cycle, and
-    # the interval check saw every run with a known end.
+    # The scenarios beyond the fault kinds ran: long runs and the late group's cycle.
     assert result.long_runs > 0 and result.unsubscribes == 1, result.table()
     assert result.report.group_checked.get("chaos-late", 0) > 0, result.table()
-    assert result.report.intervals_checked == result.report.runs

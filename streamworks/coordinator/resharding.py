@@ -33,6 +33,7 @@ from streamworks.coordinator.core.migrations import (
 )
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.coordinator.discipline import WriteDiscipline
+from streamworks.coordinator.lag_repair import ActiveLagRepair
 from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store
 from streamworks.exceptions import CoordinatorError
@@ -71,6 +72,8 @@ class Resharder:
         self._logged: dict[str, float] = {}
         # (stream, revision) whose shards' group sets this replica confirmed.
         self._sealed: set[tuple[str, int]] = set()
+        # Lag of ACTIVE shards lost by a Redis < 7.4 restart (``lag_repair.py``).
+        self.lag_repair = ActiveLagRepair(store, keyspace, metrics)
 
     async def scale(self, name: str, shards: int) -> StreamMeta:
         """Change ``name`` to ``shards`` routable shards (see the module docstring)."""
@@ -144,6 +147,7 @@ class Resharder:
                     continue
                 if (name, rev) not in self._sealed:
                     await self._seal(name)
+                await self.lag_repair.maybe_repair(name, meta)
                 if not due_for_drain_check(meta, now):
                     continue
                 await self._check_and_retire(name)

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=40, help="messages/s, all producers")
     parser.add_argument("--gap", default="3,8", help="min,max seconds between fault starts")
     parser.add_argument("--cover-all", action="store_true", help="begin with every fault kind")
+    parser.add_argument("--long-work", type=float, default=4.0, help="longest handler run (s)")
+    parser.add_argument("--long-share", type=float, default=0.01, help="share of long runs")
     parser.add_argument("--settle-timeout", type=float, default=240)
     parser.add_argument("--workdir", type=Path, default=None, help="logs and report (temp dir)")
     args = parser.parse_args(argv)
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         gap=(low, high),
         cover_all=args.cover_all,
+        long_work=args.long_work,
+        long_share=args.long_share,
         settle_timeout=args.settle_timeout,
         workdir=args.workdir,
     )

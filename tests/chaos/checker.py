@@ -79,6 +79,11 @@ class Run:
     end_seq: int | None = None  # completed (the ack follows)
     end_t: float | None = None
     fail_seq: int | None = None  # failed on purpose (flaky/poison)
+    fail_t: float | None = None
+    exit_seq: int | None = None  # ended otherwise (cancelled at a deadline, an error)
+    exit_t: float | None = None
+    late: bool = False  # its end record was written by a later run (Redis was cut)
+    group: str = "chaos"
 
     @property
     def fence_member(self) -> str:
@@ -95,8 +100,23 @@ class Run:
 
     @property
     def closed_seq(self) -> int | None:
-        """Sequence number at which the run is known to have ended (either way)."""
-        return self.end_seq if self.end_seq is not None else self.fail_seq
+        """Sequence number at which the run is known to have ended (either way); None
+        when unknown or when its end record was written late (the number is then later
+        than the end)."""
+        if self.late:
+            return None
+        for seq in (self.end_seq, self.fail_seq, self.exit_seq):
+            if seq is not None:
+                return seq
+        return None
+
+    @property
+    def closed_t(self) -> float | None:
+        """When the run ended (its own clock reading), if it recorded it."""
+        for t in (self.end_t, self.fail_t, self.exit_t):
+            if t is not None:
+                return t
+        return None
 
     def __str__(self) -> str:
         how = "ok" if self.done else "failed" if self.fail_seq else "interrupted"
@@ -112,6 +132,7 @@ def parse_log(lines: Iterable[bytes | str]) -> list[Run]:
     Lines whose start record is missing (never the case unless the log was cut) are
     ignored."""
     runs: dict[int, Run] = {}
+    by_id: dict[str, int] = {}  # run id ("r") -> seq of its start record
     closes: list[tuple[dict[str, Any], int]] = []
     for line in lines:
         text = line.decode() if isinstance(line, bytes) else line
@@ -130,18 +151,28 @@ def parse_log(lines: Iterable[bytes | str]) -> list[Run]:
                 int(record["a"]),
                 fence,
                 float(record["t"]),
+                group=record.get("g", "chaos"),
             )
+            if "r" in record:
+                by_id[record["r"]] = seq
         else:
             closes.append((record, seq))
     for record, seq in closes:
-        run = runs.get(int(record["start"]))
+        # End records name their run by id ("r"); older logs by the start's seq.
+        start = by_id.get(record["r"], -1) if "r" in record else int(record["start"])
+        run = runs.get(start)
         if run is None:
             continue
+        if run.closed_t is not None:
+            continue  # (never: one end record per run)
+        t = float(record["t"])
+        run.late = bool(record.get("late"))
         if record["ev"] == "end":
-            if run.end_seq is None:
-                run.end_seq, run.end_t = seq, float(record["t"])
-        elif run.fail_seq is None:
-            run.fail_seq = seq
+            run.end_seq, run.end_t = seq, t
+        elif record["ev"] == "fail":
+            run.fail_seq, run.fail_t = seq, t
+        else:
+            run.exit_seq, run.exit_t = seq, t
     return sorted(runs.values(), key=lambda r: r.seq)
 
 
@@ -156,6 +187,7 @@ class Acked:
     duplicate: bool = False  # shard-level dedup found it already written
     retried: bool = False  # an earlier attempt of this publish raised
     poison: bool = False  # the message asks to fail on every attempt
+    t: float = 0.0  # monotonic time its first publish attempt began
 
 
 @dataclass(frozen=True)
@@ -165,6 +197,20 @@ class DeadLetter:
     entry: str
     reason: str
     attempts: int
+    group: str = "chaos"
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A period in which a group other than the main one was subscribed: every acked
+    publish *begun* in ``[since, until)`` (monotonic clock) must have been handled to
+    the end by the group (or dead-lettered by it). ``since`` is when the harness saw
+    the group's members stable (its consumer groups exist: nothing published later can
+    be trimmed before the group reads it)."""
+
+    group: str
+    since: float
+    until: float = float("inf")
 
 
 @dataclass(frozen=True)
@@ -195,6 +241,12 @@ class CheckReport:
     dead_lettered_poison: int = 0
     dead_lettered_other: list[str] = field(default_factory=list)
     overlap_violations: list[str] = field(default_factory=list)
+    run_overlaps: list[str] = field(default_factory=list)  # run intervals of two members
+    intervals_checked: int = 0
+    unbounded_runs: int = 0  # no end record, process not seen dying: end = run's end
+    excused_paused_runs: int = 0  # a run its own process's SIGSTOP froze
+    group_lost: dict[str, list[str]] = field(default_factory=dict)
+    group_checked: dict[str, int] = field(default_factory=dict)
     excused_in_flight: int = 0  # entered before a SIGSTOP, fence read after it moved
     excused_first_after_resume: int = 0
     fence_regressions: list[str] = field(default_factory=list)
@@ -217,6 +269,8 @@ class CheckReport:
             self.lost
             or self.lost_entries
             or self.overlap_violations
+            or self.run_overlaps
+            or any(self.group_lost.values())
             or self.fence_regressions
             or self.order_violations
             or self.overlap_in_key
@@ -228,6 +282,8 @@ class CheckReport:
             ("lost event ids", self.lost),
             ("lost entries", self.lost_entries),
             ("overlapping ownership", self.overlap_violations),
+            ("overlapping runs of two members", self.run_overlaps),
+            *((f"lost by group {g}", lost) for g, lost in self.group_lost.items()),
             ("fence regressions", self.fence_regressions),
             ("per-key order", self.order_violations),
             ("overlapping runs of one key", self.overlap_in_key),
@@ -247,13 +303,31 @@ def check(
     acked: Iterable[Acked],
     dead_letters: Iterable[DeadLetter],
     faults: Sequence[FaultWindow],
+    *,
+    main_group: str = "chaos",
+    subscriptions: Sequence[Subscription] = (),
+    deaths: Mapping[int, float] | None = None,
+    run_end: float | None = None,
 ) -> CheckReport:
-    """Run checks (a)–(d) of the module docstring."""
+    """Run checks (a)–(d) of the module docstring.
+
+    Args:
+        main_group: the group subscribed from the start (checks (a), (c), (d)).
+        subscriptions: periods of the other groups (check (a) per period).
+        deaths: pid -> the time its process was known dead (killed or seen exited):
+            a run without an end record ended by then.
+        run_end: when the run was over; a run with no end record whose process was
+            never seen dying is taken to have run until then.
+    """
     report = CheckReport(runs=len(runs))
     acked = list(acked)
     dead = list(dead_letters)
     report.acked = len(acked)
-    _check_loss(report, runs, acked, dead)
+    main = [r for r in runs if r.group == main_group]
+    _check_loss(report, main, acked, [d for d in dead if d.group == main_group])
+    for sub in subscriptions:
+        _check_group_loss(report, sub, runs, acked, dead)
+    _check_intervals(report, runs, faults, deaths or {}, run_end)
     excused = _check_ownership(report, runs, faults)
     _check_order(report, runs, excused)
     _classify_duplicates(report, runs, acked, dead, faults)
@@ -285,6 +359,78 @@ def _check_loss(
             report.lost_entries.append(f"{a.shard} {a.entry} ({a.id})")
     report.failed_on_purpose = sum(1 for r in runs if r.fail_seq is not None)
     report.interrupted = sum(1 for r in runs if r.end_seq is None and r.fail_seq is None)
+
+
+def _check_group_loss(
+    report: CheckReport,
+    sub: Subscription,
+    runs: Sequence[Run],
+    acked: list[Acked],
+    dead: list[DeadLetter],
+) -> None:
+    handled = {r.id for r in runs if r.done and r.group == sub.group}
+    dead_ids = {d.id for d in dead if d.group == sub.group}
+    due = [a for a in acked if sub.since <= a.t < sub.until]
+    lost = report.group_lost.setdefault(sub.group, [])
+    report.group_checked[sub.group] = report.group_checked.get(sub.group, 0) + len(due)
+    for a in due:
+        if a.id not in handled and a.id not in dead_ids:
+            lost.append(f"{a.id} (published to {a.shard} {a.entry}, {sub.group} period)")
+
+
+#: How long after a SIGCONT a run frozen by its own process's SIGSTOP may go on (it
+#: resumes where it was: an async run until its next ``await``, a sync run until the
+#: fail-stop) — the documented exception of docs/guarantees.md. Generous for a loaded
+#: machine; a run that goes on longer is not excused.
+RESUMED_RUN_SLACK = 1.5
+
+
+def _check_intervals(
+    report: CheckReport,
+    runs: Sequence[Run],
+    faults: Sequence[FaultWindow],
+    deaths: Mapping[int, float],
+    run_end: float | None,
+) -> None:
+    """(b) on run intervals: per shard and group, no run of one member (entry to end,
+    whichever way it ended) overlaps a run of another member in time."""
+    pauses: dict[int, list[FaultWindow]] = defaultdict(list)
+    for f in faults:
+        if f.kind == "worker-pause":
+            for pid in f.pids:
+                pauses[pid].append(f)
+    horizon = run_end if run_end is not None else max((r.entered for r in runs), default=0.0)
+    per: dict[tuple[str, str], list[tuple[float, float, Run]]] = defaultdict(list)
+    excused: set[int] = set()
+    for r in runs:
+        end = r.closed_t
+        if end is None:
+            end = deaths.get(r.pid)
+        if end is None:
+            report.unbounded_runs += 1
+            end = horizon
+        end = max(end, r.entered)
+        for w in pauses.get(r.pid, ()):
+            if w.start < end and w.end > r.entered:  # frozen during the run
+                if end <= w.end + RESUMED_RUN_SLACK:
+                    excused.add(r.seq)
+                    report.excused_paused_runs += 1
+                break
+        per[(r.shard, r.group)].append((r.entered, end, r))
+    for (shard, group), intervals in per.items():
+        intervals.sort(key=lambda x: x[0])
+        report.intervals_checked += len(intervals)
+        active: list[tuple[float, float, Run]] = []
+        for start, end, r in intervals:
+            active = [a for a in active if a[1] > start]
+            for _, other_end, other in active:
+                if other.member == r.member or r.seq in excused or other.seq in excused:
+                    continue
+                report.run_overlaps.append(
+                    f"{group} {shard}: run {r} [{start:.3f}, {end:.3f}] overlaps run {other} "
+                    f"[.., {other_end:.3f}] by {other_end - start:.3f}s"
+                )
+            active.append((start, end, r))
 
 
 # -- (b) ------------------------------------------------------------------------------------
@@ -326,16 +472,16 @@ def _check_ownership(
         else:
             report.overlap_violations.append(str(r))
 
-    top: dict[str, tuple[int, Run]] = {}
+    top: dict[tuple[str, str], tuple[int, Run]] = {}
     for r in runs:
         epoch = r.fence_epoch
         if epoch < 0:
             continue
-        best = top.get(r.shard)
+        best = top.get((r.shard, r.group))
         if best is not None and epoch < best[0]:
             report.fence_regressions.append(f"{r} after fence {best[1].fence} (seq {best[1].seq})")
         if best is None or epoch > best[0]:
-            top[r.shard] = (epoch, r)
+            top[(r.shard, r.group)] = (epoch, r)
     return excused
 
 
@@ -351,7 +497,7 @@ def _check_order(report: CheckReport, runs: Sequence[Run], excused: set[int]) ->
     periods: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for r in runs:
         if r.fence_member == r.member and r.seq not in excused:
-            periods[(r.shard, r.fence)].append(r)
+            periods[(r.shard, r.group + "/" + r.fence)].append(r)
     report.periods = len(periods)
     for (shard, fence), members in periods.items():
         by_key: dict[str, list[Run]] = defaultdict(list)
@@ -400,6 +546,8 @@ _CAUSES = (
     ("coordinator-kill", "all", 2.0, "coordinator replica killed (rebalance)"),
     ("coordinator-rolling", "all", 2.0, "coordinator rolling restart (rebalance)"),
     ("scale", "all", 5.0, "resharding (rebalance)"),
+    ("fail-stop", "pid", 0.0, "worker fail-stopped (exit 75: a sync run outlived its lease)"),
+    ("unsubscribe", "all", 2.0, "group stopped, unsubscribed and resubscribed"),
 )
 #: A Redis restart or a cut breaks every pooled connection of the worker; redis-py
 #: notices only when one is next used, which for an idle connection can be minutes
@@ -436,10 +584,10 @@ def _classify_duplicates(
     dead: list[DeadLetter],
     faults: Sequence[FaultWindow],
 ) -> None:
-    by_entry: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    by_entry: dict[tuple[str, str, str], list[Run]] = defaultdict(list)
     born: dict[int, float] = {}
     for r in runs:
-        by_entry[(r.shard, r.entry)].append(r)
+        by_entry[(r.group, r.shard, r.entry)].append(r)
         born[r.pid] = min(born.get(r.pid, r.entered), r.entered)
     for entry_runs in by_entry.values():
         completed: Run | None = None

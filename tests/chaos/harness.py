@@ -28,8 +28,10 @@ import gzip
 import json
 import os
 import random
+import select
 import signal
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -43,10 +45,19 @@ from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import StatusResponse
 from streamworks.redis.keyspace import Keyspace
+from streamworks.runtime.ownership import FAIL_STOP_EXIT_CODE
 from streamworks.settings import Settings
 from streamworks.testing.embedded import EmbeddedRedis
 from tests.chaos.apps import chaosapp
-from tests.chaos.checker import Acked, CheckReport, DeadLetter, FaultWindow, check, parse_log
+from tests.chaos.checker import (
+    Acked,
+    CheckReport,
+    DeadLetter,
+    FaultWindow,
+    Subscription,
+    check,
+    parse_log,
+)
 from tests.chaos.proxy import ProxyHub
 from tests.chaos.schedule import KINDS, Fault, format_schedule, make_schedule
 from tests.e2e.harness import FAST_TIMERS, Cluster, Proc, free_port, wait_ready, wait_until
@@ -56,6 +67,7 @@ __all__ = ("ChaosConfig", "ChaosResult", "ChaosRun", "run_chaos")
 TARGET = "tests.chaos.apps.chaosapp:app"
 STREAM = chaosapp.STREAM
 GROUP = chaosapp.GROUP
+LATE_GROUP = "chaos-late"
 PREFIX = "chaos"
 LEASE_TTL = float(FAST_TIMERS["STREAMWORKS_LEASE_TTL"])
 
@@ -71,7 +83,11 @@ class ChaosConfig:
     rate: float = 40.0  # messages per second, all producers together
     shards: int = 4  # at the start; scale faults move it within [2, 8]
     keys: int = 24  # partition keys per producer
-    max_work: float = 0.02  # handler sleeps up to this long (s)
+    max_work: float = 0.02  # handler sleeps up to this long (s) ...
+    long_work: float = 4.0  # ... except a share of messages, up to this long
+    long_share: float = 0.01  # the share of messages with a long handler run
+    sync_workers: bool = True  # odd worker slots run the plain ``def`` handler
+    late_group: bool = True  # a second group subscribes mid-run, is unsubscribed, back
     flaky: float = 0.02  # share of messages failing their first attempt
     poison: float = 0.001  # share failing every attempt (-> DLQ)
     gap: tuple[float, float] = (3.0, 8.0)  # between fault starts (s)
@@ -89,6 +105,8 @@ class ChaosConfig:
             f"--producers {self.producers}",
             f"--rate {self.rate:g}",
             f"--gap {self.gap[0]:g},{self.gap[1]:g}",
+            f"--long-work {self.long_work:g}",
+            f"--long-share {self.long_share:g}",
         ]
         if self.cover_all:
             args.append("--cover-all")
@@ -113,6 +131,10 @@ class ChaosResult:
     start_refusals: int  # restarts refused while Redis was unreachable (then retried)
     elapsed: float
     workdir: Path
+    fail_stops: int = 0
+    long_runs: int = 0
+    unsubscribes: int = 0
+    server: str = "Redis"
 
     @property
     def ok(self) -> bool:
@@ -133,8 +155,8 @@ class ChaosResult:
             ("fault phase", f"{self.config.duration:g} s (whole run {self.elapsed:.0f} s)"),
             (
                 "processes",
-                f"Redis (AOF always), 2 coordinators, {self.config.workers} workers, "
-                f"{self.config.producers} producers",
+                f"{self.server} (AOF always), 2 coordinators, {self.config.workers} workers "
+                f"(2 of them sync) + 2 of a late group, {self.config.producers} producers",
             ),
             ("messages published (acked publishes)", str(self.published)),
             ("publish attempts that raised (retried)", str(self.publish_attempts_failed)),
@@ -148,6 +170,15 @@ class ChaosResult:
         ]
         rows += [(f"  {kind}", str(self.faults.get(kind, 0))) for kind in KINDS]
         rows += [
+            (
+                "worker fail-stops (exit 75: a sync run outlived its lease), restarted",
+                str(self.fail_stops),
+            ),
+            ("late group: unsubscribe + resubscribe cycles", str(self.unsubscribes)),
+            (
+                f"messages with a long handler run (0.2 s .. {self.config.long_work:g} s)",
+                str(self.long_runs),
+            ),
             ("handler runs", str(r.runs)),
             ("  failed on purpose (flaky/poison)", str(r.failed_on_purpose)),
             ("  interrupted (no end record)", str(r.interrupted)),
@@ -157,7 +188,26 @@ class ChaosResult:
                 f"{r.dead_lettered_poison} / {len(r.dead_lettered_other)}",
             ),
             ("**messages lost**", f"**{len(r.lost) + len(r.lost_entries)}**"),
-            ("**overlapping-ownership violations**", f"**{len(r.overlap_violations)}**"),
+            (
+                "**overlapping-ownership violations** (fence at start)",
+                f"**{len(r.overlap_violations)}**",
+            ),
+            (
+                "**overlapping runs of two members** (intervals, per shard and group)",
+                f"**{len(r.run_overlaps)}**",
+            ),
+            (
+                "  run intervals checked / end unknown (taken as the run's end)",
+                f"{r.intervals_checked} / {r.unbounded_runs}",
+            ),
+            ("  excused: runs frozen by their own process's SIGSTOP", str(r.excused_paused_runs)),
+            *(
+                (
+                    f"late group {g}: acked publishes due / **lost**",
+                    f"{r.group_checked.get(g, 0)} / **{len(lost)}**",
+                )
+                for g, lost in r.group_lost.items()
+            ),
             (
                 "  excused: in flight at a SIGSTOP / first after SIGCONT",
                 f"{r.excused_in_flight} / {r.excused_first_after_resume}",
@@ -196,9 +246,11 @@ class ChaosResult:
         logs = self.log_lines
         rows.append(
             (
-                "process logs: lease losses / fenced reads / ack flushes failed / tracebacks",
+                "process logs: lease losses / fenced reads / ack flushes failed / tracebacks"
+                " / lag repairs (Redis < 7.4)",
                 f"{logs.get('lease losses', 0)} / {logs.get('fenced reads', 0)} / "
-                f"{logs.get('ack flushes failed', 0)} / {logs.get('tracebacks', 0)}",
+                f"{logs.get('ack flushes failed', 0)} / {logs.get('tracebacks', 0)} / "
+                f"{logs.get('lag repairs', 0)}",
             )
         )
         rows.append(("verdict", "PASS" if self.ok else "FAIL"))
@@ -228,6 +280,15 @@ class ChaosResult:
             "dead_lettered_poison": r.dead_lettered_poison,
             "dead_lettered_other": r.dead_lettered_other[:100],
             "overlap_violations": r.overlap_violations[:100],
+            "run_overlaps": r.run_overlaps[:100],
+            "intervals_checked": r.intervals_checked,
+            "unbounded_runs": r.unbounded_runs,
+            "excused_paused_runs": r.excused_paused_runs,
+            "group_lost": {g: v[:100] for g, v in r.group_lost.items()},
+            "group_checked": r.group_checked,
+            "fail_stops": self.fail_stops,
+            "long_runs": self.long_runs,
+            "unsubscribes": self.unsubscribes,
             "excused_in_flight": r.excused_in_flight,
             "excused_first_after_resume": r.excused_first_after_resume,
             "fence_regressions": r.fence_regressions[:100],
@@ -261,10 +322,13 @@ class Slot:
     generation: int = 0
     busy: bool = False  # a fault owns it; the watchdog leaves it alone
     lock: anyio.Lock = field(default_factory=anyio.Lock)
+    group: str = GROUP
+    sync: bool = False  # runs the plain ``def`` handler
+    letter: str = "w"
 
     @property
     def name(self) -> str:
-        return f"w{self.index}"
+        return f"{self.letter}{self.index}"
 
     @property
     def redis_proxy(self) -> str:
@@ -314,6 +378,9 @@ class Producer:
         poison = self.rng.random() < self.config.poison
         value: dict[str, Any] = {"id": event_id}
         work = round(self.rng.uniform(0, self.config.max_work), 4)
+        if self.rng.random() < self.config.long_share:
+            work = round(self.rng.uniform(0.2, self.config.long_work), 3)
+            self.run_.long_runs += 1
         if work:
             value["work"] = work
         if poison:
@@ -344,6 +411,7 @@ class Producer:
 
     async def _publish(self, batch: list[tuple[Record, bool]], stop: anyio.Event) -> None:
         records = [r for r, _ in batch]
+        begun = time.monotonic()
         retried = False
         delay = 0.1
         give_up: float | None = None
@@ -376,6 +444,7 @@ class Producer:
                     published.duplicate,
                     retried,
                     poison,
+                    begun,
                 )
             )
 
@@ -411,7 +480,22 @@ class ChaosRun:
             gap=config.gap,
             cover_all=config.cover_all,
         )
-        self.slots = [Slot(i) for i in range(config.workers)]
+        self.slots = [
+            Slot(i, sync=config.sync_workers and i % 2 == 1) for i in range(config.workers)
+        ]
+        # The late group's workers (one async, one sync): not fault targets themselves,
+        # but every fault that hits all processes (Redis, coordinators, scale) hits them.
+        self.late_slots = (
+            [Slot(i, group=LATE_GROUP, sync=i % 2 == 1, letter="l") for i in range(2)]
+            if config.late_group
+            else []
+        )
+        self.subscriptions: list[Subscription] = []
+        self.deaths: dict[int, float] = {}  # pid -> known dead by then (monotonic)
+        self.fail_stops = 0  # workers that exited 75 (a sync run outlived its lease)
+        self.long_runs = 0  # messages published with a long handler run
+        self.unsubscribes = 0
+        self.server = "Redis"
         self.replicas = [
             Replica("coordinator-a", free_port()),
             Replica("coordinator-b", free_port()),
@@ -453,13 +537,35 @@ class ChaosRun:
             "STREAMWORKS_REDIS_URL": f"redis://127.0.0.1:{hub.proxies[slot.redis_proxy].port}/0",
             "STREAMWORKS_COORDINATOR_URLS": ",".join(urls),
             "CHAOS_SHARDS": str(self.config.shards),
+            "CHAOS_GROUP": slot.group,
+            "CHAOS_SYNC": "1" if slot.sync else "",
         }
 
     def start_worker(self, slot: Slot) -> Proc:
         slot.generation += 1
         name = f"{slot.name}.{slot.generation}"
         slot.proc = self.cluster.start(name, "worker", TARGET, env=self._worker_env(slot))
+        self._watch_death(slot.proc)
         return slot.proc
+
+    def _watch_death(self, proc: Proc) -> None:
+        """Record when the process ends, to the millisecond (a thread waits on its
+        pidfd; nothing is reaped): a run without an end record ended by then. A
+        watchdog's observation would be up to a second late and a fault may hold the
+        slot for seconds (a fail-stop during a cut)."""
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except OSError:
+            return
+
+        def wait() -> None:
+            try:
+                select.select([fd], [], [])
+                self.deaths.setdefault(proc.pid, time.monotonic())
+            finally:
+                os.close(fd)
+
+        threading.Thread(target=wait, name=f"death-{proc.pid}", daemon=True).start()
 
     async def start_replica(self, replica: Replica) -> Proc:
         """Start the replica on its port and wait until it is ready. A coordinator
@@ -516,6 +622,9 @@ class ChaosRun:
                 loop.default_exception_handler(context)
 
         loop.set_exception_handler(on_loop_error)
+        self._late_done = anyio.Event()
+        if not self.late_slots:
+            self._late_done.set()
         self.redis_server = EmbeddedRedis(appendonly=True)
         await anyio.to_thread.run_sync(self.redis_server.start)
         self.hub = ProxyHub()
@@ -525,6 +634,13 @@ class ChaosRun:
 
         self.redis = create_redis(settings)
         try:
+            info = await self.redis.info("server")
+            self.server = (
+                f"Valkey {info['valkey_version']}"
+                if info.get("valkey_version")
+                else f"Redis {info.get('redis_version', '?')}"
+            )
+            self.say(f"server: {self.server} ({self.redis_server.binary})")
             await self._start()
             stop = anyio.Event()
             async with anyio.create_task_group() as tg:
@@ -534,7 +650,11 @@ class ChaosRun:
                 tg.start_soon(self._progress)
                 self.t0 = time.monotonic()
                 self.say("fault phase begins")
+                if self.late_slots:
+                    tg.start_soon(self._late_group)
                 await self._play(self.schedule)
+                with anyio.fail_after(300):
+                    await self._late_done.wait()
                 self.say("fault phase over: healing")
                 await self._heal()
                 # A little traffic on the healed system, then stop the producers.
@@ -578,6 +698,10 @@ class ChaosRun:
             log_lines=self._scan_logs(),
             elapsed=time.monotonic() - started,
             workdir=workdir,
+            fail_stops=self.fail_stops,
+            long_runs=self.long_runs,
+            unsubscribes=self.unsubscribes,
+            server=self.server,
         )
         (workdir / "report.json").write_text(json.dumps(result.as_json(), indent=2))
         (workdir / "report.md").write_text(result.table() + "\n")
@@ -585,7 +709,7 @@ class ChaosRun:
 
     async def _start(self) -> None:
         config = self.config
-        for slot in self.slots:
+        for slot in [*self.slots, *self.late_slots]:
             await self.hub.add(slot.redis_proxy, self.redis_server.port)
             for proxy, replica in zip(slot.coordinator_proxies, self.replicas, strict=True):
                 await self.hub.add(proxy, replica.port)
@@ -614,15 +738,18 @@ class ChaosRun:
             await self._connections[-1].__aenter__()
             self.producers.append(Producer(i, app, config, self))
 
-    async def _wait_group(self, members: int, timeout: float) -> None:
+    async def _wait_group(self, members: int, timeout: float, group: str = GROUP) -> None:
         async with self.client() as client:
 
             async def stable() -> bool:
-                group = await client.group(GROUP)
-                live = [m for m in group.members if m.state not in ("EXPIRED", "FENCED")]
-                return group.state == "STABLE" and len(live) == members
+                try:
+                    state = await client.group(group)
+                except CoordinatorError:
+                    return False
+                live = [m for m in state.members if m.state not in ("EXPIRED", "FENCED")]
+                return state.state == "STABLE" and len(live) == members
 
-            await wait_until(stable, timeout, f"{members} stable members")
+            await wait_until(stable, timeout, f"{members} stable members of {group}")
 
     # -- faults ----------------------------------------------------------------------------
     async def _play(self, schedule: list[Fault]) -> None:
@@ -663,6 +790,7 @@ class ChaosRun:
                 start = time.monotonic()
                 proc.send(signal.SIGKILL)
                 await proc.wait_exit(10)
+                self.deaths.setdefault(proc.pid, time.monotonic())
                 self.say(f"{fault.kind} {slot.name} (pid {proc.pid})")
                 await anyio.sleep(fault.params["down"])
                 self.start_worker(slot)
@@ -707,10 +835,13 @@ class ChaosRun:
                     proc.send(signal.SIGKILL)
                     code = await proc.wait_exit(10)
                 took = time.monotonic() - start
+                self.deaths.setdefault(proc.pid, time.monotonic())
                 self.say(
                     f"{fault.kind} {slot.name} (pid {proc.pid}): exit {code} after {took:.1f}s"
                 )
-                if code not in (0, -signal.SIGTERM, -signal.SIGKILL):
+                if code == FAIL_STOP_EXIT_CODE:
+                    self._fail_stopped(slot.name, proc)
+                elif code not in (0, -signal.SIGTERM, -signal.SIGKILL):
                     self.anomaly(f"{slot.name} (pid {proc.pid}) exited {code} on SIGTERM")
                 await anyio.sleep(fault.params["down"])
                 self.start_worker(slot)
@@ -731,6 +862,10 @@ class ChaosRun:
         if proc is None:
             return
         output = proc.output()
+        self.deaths.setdefault(proc.pid, time.monotonic())
+        if proc.popen.poll() == FAIL_STOP_EXIT_CODE:
+            self._fail_stopped(name, proc)
+            return
         if "cannot reach Redis" in output and proc.popen.poll() == 1:
             # A process started while its path to Redis was down refuses to start with
             # one clear line, as documented; a supervisor starts it again.
@@ -739,6 +874,115 @@ class ChaosRun:
             return
         tail = "\n".join(output.splitlines()[-15:])
         self.anomaly(f"{name} (pid {proc.pid}) exited by itself, rc {proc.popen.poll()}:\n{tail}")
+
+    def _fail_stopped(self, name: str, proc: Proc) -> None:
+        """A worker exited 75: a plain ``def`` run outlived its lease's fail-stop point
+        (documented behaviour; a supervisor restarts it). Counted as its own cause."""
+        now = time.monotonic()
+        self.fail_stops += 1
+        self.say(f"{name} (pid {proc.pid}) fail-stopped (exit {FAIL_STOP_EXIT_CODE}); restart")
+        if "fail-stop" not in proc.output() and "fail_stop" not in proc.output():
+            self.anomaly(f"{name} (pid {proc.pid}) exited {FAIL_STOP_EXIT_CODE} without a log line")
+        # The exit was seen up to a watchdog period after it happened.
+        self.windows.append(FaultWindow("fail-stop", name, now - 1.5, now, (proc.pid,)))
+
+    # -- the late group ---------------------------------------------------------------------
+    async def _late_group(self) -> None:
+        """A second group subscribes mid-run (earliest: it must see every entry
+        published from then on), is stopped, unsubscribed (``streamworks admin
+        unsubscribe``) and subscribes again; each period is checked for loss."""
+        try:
+            duration = self.config.duration
+            await anyio.sleep(duration * 0.15)
+            since = await self._start_late("subscribes mid-run")
+            await anyio.sleep(max(0.0, self.t0 + duration * 0.55 - time.monotonic()))
+            # Let it catch up on what was published so far, then end the period.
+            until = time.monotonic()
+            await self._caught_up(LATE_GROUP, since, until)
+            self.subscriptions.append(Subscription(LATE_GROUP, since, until))
+            start = time.monotonic()
+            pids: list[int] = []
+            for slot in self.late_slots:
+                async with slot.lock:
+                    slot.busy = True
+                    proc = await self._live_worker(slot)
+                    pids.append(proc.pid)
+                    proc.send(signal.SIGTERM)
+                    code = await proc.wait_exit(
+                        float(FAST_TIMERS["STREAMWORKS_WORKER__SHUTDOWN_TIMEOUT"]) + 20
+                    )
+                    self.deaths.setdefault(proc.pid, time.monotonic())
+                    if code == FAIL_STOP_EXIT_CODE:
+                        self._fail_stopped(slot.name, proc)
+            await self._unsubscribe(LATE_GROUP)
+            self.unsubscribes += 1
+            self.windows.append(
+                FaultWindow("unsubscribe", LATE_GROUP, start, time.monotonic(), tuple(pids))
+            )
+            since = await self._start_late("subscribes again after its unsubscribe")
+            self.subscriptions.append(Subscription(LATE_GROUP, since))
+        except Exception as e:
+            self.anomaly(f"late group scenario failed: {type(e).__name__}: {e}")
+            self.faults_failed.append(f"late group: {type(e).__name__}: {e}")
+        finally:
+            for slot in self.late_slots:
+                slot.busy = False
+            self._late_done.set()
+
+    async def _start_late(self, what: str) -> float:
+        for slot in self.late_slots:
+            async with slot.lock:
+                self.start_worker(slot)
+                slot.busy = False
+        await self._wait_group(len(self.late_slots), timeout=120, group=LATE_GROUP)
+        self.say(f"group {LATE_GROUP} {what}: {len(self.late_slots)} members stable")
+        return time.monotonic()
+
+    async def _caught_up(self, group: str, since: float, until: float) -> None:
+        due = {
+            a.id for p in self.producers for a in p.acked if since <= a.t < until and not a.poison
+        }
+        reader = LogReader(self.redis)
+        handled: set[str] = set()
+        scanned = 0
+
+        async def done() -> bool:
+            nonlocal scanned
+            if self._redis_down:
+                return False
+            try:
+                await reader.poll()
+            except Exception:
+                return False
+            for line in reader.lines[scanned:]:
+                body = json.loads(line.rsplit(b"|", 2)[0])
+                if body["ev"] == "end" and body.get("g") == group:
+                    handled.add(body["i"])
+            scanned = len(reader.lines)
+            return due <= handled
+
+        try:
+            await wait_until(done, 120, f"group {group} caught up", 1.0)
+        except AssertionError:
+            self.anomaly(f"group {group} did not catch up in 120 s: {len(due - handled)} left")
+
+    async def _unsubscribe(self, group: str) -> None:
+        """``streamworks admin unsubscribe GROUP chaos --yes`` until it is accepted (it
+        is refused while the group still has live members: their leave is recorded)."""
+        env = {
+            "STREAMWORKS_COORDINATOR_URLS": ",".join(r.url for r in self.replicas),
+            "STREAMWORKS_REDIS_URL": self.redis_server.url,
+        }
+        last = ""
+
+        async def accepted() -> bool:
+            nonlocal last
+            done = await self.cluster.cli("admin", "unsubscribe", group, STREAM, "--yes", env=env)
+            last = (done.stdout + done.stderr).decode().strip()
+            return done.returncode == 0
+
+        await wait_until(accepted, 90, f"unsubscribe of {group} accepted (last: {last!r})", 1.0)
+        self.say(f"{last}")
 
     async def _f_coordinator_kill(self, fault: Fault) -> None:
         replica = next(r for r in self.replicas if r.name == fault.target)
@@ -862,7 +1106,7 @@ class ChaosRun:
         """Restart processes that died without a fault (and report them)."""
         while True:
             await anyio.sleep(1)
-            for slot in self.slots:
+            for slot in [*self.slots, *self.late_slots]:
                 if not slot.busy and not slot.lock.locked() and slot.proc and not slot.proc.alive():
                     self._unexpected_exit(slot.name, slot.proc)
                     self.start_worker(slot)
@@ -897,7 +1141,7 @@ class ChaosRun:
     # -- the end -------------------------------------------------------------------------------
     async def _heal(self) -> None:
         await self.hub.heal()
-        for slot in self.slots:
+        for slot in [*self.slots, *self.late_slots]:
             async with slot.lock:
                 await self._live_worker(slot)
         async with self.coordinator_lock:
@@ -914,9 +1158,17 @@ class ChaosRun:
         """Wait (bounded) until every acked publish was handled or dead-lettered and the
         stream is drained; what is still not so."""
         problems: list[str] = []
-        acked = {a.id for p in self.producers for a in p.acked}
+        every = [a for p in self.producers for a in p.acked]
+        acked = {a.id for a in every}
+        # Per group: what it must have handled (the late group: its periods).
+        due: dict[str, set[str]] = {GROUP: acked}
+        for sub in self.subscriptions:
+            due.setdefault(sub.group, set()).update(
+                a.id for a in every if sub.since <= a.t < sub.until
+            )
         reader = LogReader(self.redis)
-        handled: set[str] = set()
+        handled_by: dict[str, set[str]] = {g: set() for g in due}
+        handled = handled_by[GROUP]
         scanned = 0
 
         async def all_handled() -> bool:
@@ -925,10 +1177,13 @@ class ChaosRun:
             for line in reader.lines[scanned:]:
                 body = json.loads(line.rsplit(b"|", 2)[0])
                 if body["ev"] == "end":
-                    handled.add(body["i"])
+                    handled_by.setdefault(body.get("g", GROUP), set()).add(body["i"])
             scanned = len(reader.lines)
-            dead = {d.id for d in await self._dead_letters()}
-            return acked <= handled | dead
+            dead = await self._dead_letters()
+            return all(
+                ids <= handled_by[g] | {d.id for d in dead if d.group == g}
+                for g, ids in due.items()
+            )
 
         try:
             await wait_until(
@@ -972,19 +1227,21 @@ class ChaosRun:
         return problems
 
     async def _dead_letters(self) -> list[DeadLetter]:
-        key = Keyspace(PREFIX).dead_letters(GROUP, STREAM)
         out: list[DeadLetter] = []
-        for _, fields in await self.redis.xrange(key):
-            payload = json.loads(fields.get(b"o.v", b"{}"))
-            out.append(
-                DeadLetter(
-                    str(payload.get("id", "?")),
-                    fields.get(b"shard", b"").decode(),
-                    fields.get(b"entry_id", b"").decode(),
-                    fields.get(b"reason", b"").decode(),
-                    int(fields.get(b"attempts", b"0")),
+        for group in (GROUP, LATE_GROUP) if self.late_slots else (GROUP,):
+            key = Keyspace(PREFIX).dead_letters(group, STREAM)
+            for _, fields in await self.redis.xrange(key):
+                payload = json.loads(fields.get(b"o.v", b"{}"))
+                out.append(
+                    DeadLetter(
+                        str(payload.get("id", "?")),
+                        fields.get(b"shard", b"").decode(),
+                        fields.get(b"entry_id", b"").decode(),
+                        fields.get(b"reason", b"").decode(),
+                        int(fields.get(b"attempts", b"0")),
+                        group,
+                    )
                 )
-            )
         return out
 
     async def _check(self) -> CheckReport:
@@ -993,7 +1250,16 @@ class ChaosRun:
         runs = parse_log(reader.lines)
         acked = [a for p in self.producers for a in p.acked]
         dead = await self._dead_letters()
-        report = check(runs, acked, dead, self.windows)
+        report = check(
+            runs,
+            acked,
+            dead,
+            self.windows,
+            main_group=GROUP,
+            subscriptions=self.subscriptions,
+            deaths=self.deaths,
+            run_end=time.monotonic(),
+        )
         (self.workdir / "dead_letters.json").write_text(json.dumps([asdict(d) for d in dead]))
         # Kept for a post-mortem.
         lines = reader.lines
@@ -1015,6 +1281,7 @@ class ChaosRun:
             "ack flush failed": "ack flushes failed",
             "UNKNOWN_MEMBER": "UNKNOWN_MEMBER answers",
             "FENCED": "FENCED answers",
+            "repaired to 0": "lag repairs",
         }
         counts: Counter[str] = Counter()
         for proc in self.cluster.procs:

@@ -7,7 +7,16 @@ import itertools
 
 import orjson
 
-from tests.chaos.checker import Acked, DeadLetter, FaultWindow, Run, check, parse_log
+from tests.chaos.checker import (
+    RESUMED_RUN_SLACK,
+    Acked,
+    DeadLetter,
+    FaultWindow,
+    Run,
+    Subscription,
+    check,
+    parse_log,
+)
 
 A = "a" * 32
 B = "b" * 32
@@ -210,3 +219,137 @@ def test_an_ack_lost_long_after_a_redis_restart_is_put_down_to_a_stale_connectio
     assert set(report.duplicate_runs) == {
         "stale pooled connection broken by an earlier Redis restart/cut (ack failed)"
     }
+
+
+def _line(body: dict[str, object], seq: int, fence: str = "") -> bytes:
+    return orjson.dumps(body) + f"|{seq}|{fence}".encode()
+
+
+def _start(
+    member: str,
+    pid: int,
+    entry: str,
+    t: float,
+    fence: str,
+    *,
+    run: str,
+    seq: int,
+    group: str = "chaos",
+    shard: str = "s/0@0",
+) -> bytes:
+    body = {
+        "g": group,
+        "m": member,
+        "p": pid,
+        "s": shard,
+        "e": entry,
+        "i": f"e{entry}",
+        "k": "k1",
+        "a": 1,
+        "r": run,
+        "ev": "start",
+        "t": t,
+    }
+    return _line(body, seq, fence)
+
+
+def _end(run: str, t: float, seq: int, ev: str = "end", **extra: object) -> bytes:
+    return _line({"r": run, "ev": ev, "t": t, "i": "", **extra}, seq)
+
+
+def test_run_intervals_of_two_members_on_one_shard_must_not_overlap() -> None:
+    # A's run goes on (4.0 .. 9.0) while B, the next owner, starts at 6.0 (same fence
+    # epoch ordering as a clean hand-over: the start check alone sees nothing).
+    lines = [
+        _start(A, 1, "1-0", 4.0, f"3:{A}", run="1-1", seq=1),
+        _start(B, 2, "2-0", 6.0, f"4:{B}", run="2-1", seq=2),
+        _end("2-1", 6.5, 3),
+        _end("1-1", 9.0, 4, ev="exit"),  # cancelled late: an interval end all the same
+    ]
+    report = check(parse_log(lines), [], [], [])
+    assert len(report.run_overlaps) == 1 and "by 3.000s" in report.run_overlaps[0]
+    assert report.overlap_violations == []  # each started under its own fence
+    assert not report.ok
+    # The same history with A's run ended in time passes; other groups are separate.
+    ok = [
+        _start(A, 1, "1-0", 4.0, f"3:{A}", run="1-1", seq=1),
+        _end("1-1", 5.9, 2),
+        _start(B, 2, "2-0", 6.0, f"4:{B}", run="2-1", seq=3),
+        _start(A, 1, "2-0", 6.1, f"5:{A}", run="1-2", seq=4, group="other"),
+        _end("2-1", 6.5, 5),
+        _end("1-2", 6.6, 6),
+    ]
+    assert check(parse_log(ok), [], [], []).run_overlaps == []
+
+
+def test_a_run_without_end_lasts_until_its_process_died_and_a_lost_reply_still_ends() -> None:
+    lines = [
+        _start(A, 1, "1-0", 4.0, f"3:{A}", run="1-1", seq=1),  # no end record: pid 1 ...
+        _start(B, 2, "1-0", 7.0, f"4:{B}", run="2-1", seq=2),
+        _end("2-1", 7.5, 3),
+    ]
+    died_in_time = check(parse_log(lines), [], [], [], deaths={1: 6.0})
+    assert died_in_time.run_overlaps == []
+    died_late = check(parse_log(lines), [], [], [], deaths={1: 8.0})
+    assert len(died_late.run_overlaps) == 1
+    never_seen_dying = check(parse_log(lines), [], [], [], run_end=100.0)
+    assert never_seen_dying.unbounded_runs == 1 and len(never_seen_dying.run_overlaps) == 1
+    # An end record written later (late) names its run by id and gives the real end.
+    lines.append(_end("1-1", 5.0, 4, ev="exit", late=1))
+    runs = parse_log(lines)
+    assert runs[0].closed_t == 5.0 and runs[0].late and runs[0].closed_seq is None
+    assert check(runs, [], [], [], run_end=100.0).run_overlaps == []
+
+
+def test_only_a_run_frozen_by_its_own_sigstop_and_ending_soon_after_is_excused() -> None:
+    pause = FaultWindow("worker-pause", "w0", start=5.0, end=8.0, pids=(1,))
+
+    def history(a_end: float) -> list[Run]:
+        return parse_log(
+            [
+                _start(A, 1, "1-0", 4.9, f"3:{A}", run="1-1", seq=1),
+                _start(B, 2, "1-0", 7.5, f"4:{B}", run="2-1", seq=2),
+                _end("2-1", 7.6, 3),
+                _end("1-1", a_end, 4, ev="exit"),
+            ]
+        )
+
+    soon = check(history(8.2), [], [], [pause])
+    assert soon.run_overlaps == [] and soon.excused_paused_runs == 1
+    late = check(history(8.0 + RESUMED_RUN_SLACK + 1), [], [], [pause])
+    assert len(late.run_overlaps) == 1 and late.excused_paused_runs == 0
+    other_pid = FaultWindow("worker-pause", "w1", start=1.0, end=3.0, pids=(1, 2))
+    # (a pause of the process before the run does not excuse the run)
+    assert len(check(history(8.2), [], [], [other_pid]).run_overlaps) == 1
+
+
+def test_a_late_group_must_handle_what_was_published_in_its_periods() -> None:
+    lines = [
+        _start(A, 1, "1-0", 1.0, f"3:{A}", run="1-1", seq=1),
+        _end("1-1", 1.1, 2),
+        _start(B, 2, "1-0", 1.0, f"3:{B}", run="2-1", seq=3, group="late"),
+        _end("2-1", 1.1, 4),
+        _start(A, 1, "2-0", 2.0, f"3:{A}", run="1-2", seq=5),
+        _end("1-2", 2.1, 6),
+    ]
+    published = [
+        Acked("e1-0", "k1", "s/0@0", "1-0", t=10.0),
+        Acked("e2-0", "k1", "s/0@0", "2-0", t=30.0),  # the late group never ran it
+        Acked("e3-0", "k1", "s/0@0", "3-0", t=50.0, poison=True),
+    ]
+    runs = parse_log(lines)
+    dead = [
+        DeadLetter("e3-0", "s/0@0", "3-0", "max_attempts", 15, group="chaos"),
+        DeadLetter("e3-0", "s/0@0", "3-0", "max_attempts", 15, group="late"),
+    ]
+    in_period = check(
+        runs,
+        published,
+        dead,
+        [],
+        subscriptions=[Subscription("late", 5.0, 20.0), Subscription("late", 40.0)],
+    )
+    assert in_period.ok and in_period.group_checked == {"late": 2}
+    missed = check(runs, published, dead, [], subscriptions=[Subscription("late", 5.0)])
+    assert not missed.ok and len(missed.group_lost["late"]) == 1
+    assert "e2-0" in missed.group_lost["late"][0]

@@ -19,7 +19,12 @@ import anyio
 import pytest
 
 from streamworks.coordinator import provision
+from streamworks.coordinator.core.streams import new_stream
+from streamworks.coordinator.lag_repair import ActiveLagRepair
+from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.provision import DrainStatus
+from streamworks.coordinator.store import Store
+from streamworks.protocol.shards import ShardId
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
@@ -142,5 +147,72 @@ async def test_repair_mode_fixes_the_lag_of_a_shard_that_stays(server: EmbeddedR
         assert await redis.exists(stream, keyspace.shard_groups(sid)) == 2
         await add_entries(redis, stream, 2, start=7)  # still a live shard: lag counts on
         assert all(g["lag"] == 2 for g in (await groups(redis, stream)).values())
+    finally:
+        await redis.aclose()
+
+
+async def test_the_coordinators_pass_repairs_active_shards_read_to_the_end_only(
+    server: EmbeddedRedis,
+) -> None:
+    """The coordinator's rate-limited pass over ACTIVE shards (``lag_repair.py``) after
+    a real restart: the shard every group read to the end gets lag 0 (counted); the
+    shard with an entry a group has not read keeps its lag (no proof: nothing
+    written); a pass that is not due checks nothing."""
+    settings = Settings(redis_url=server.url, key_prefix="restart")
+    keyspace = Keyspace(settings.key_prefix)
+    meta = new_stream("orders", 2, 1)
+    read_all, unread = (ShardId.parse(s) for s in meta.shard_ids(meta.routable()))
+    redis = create_redis(settings)
+    try:
+        keeps_counter = _lags_counter_on_reload(await redis.info("server"))
+        store = Store(redis, keyspace)
+        for g in GROUPS:
+            await store.record_subscription("orders", g)
+        await provision.create_shards(store.scripts, keyspace, [read_all, unread], list(GROUPS))
+        for sid in (read_all, unread):
+            await add_entries(redis, keyspace.stream(sid), 4)
+        for g in GROUPS:
+            ids = await read_group(redis, keyspace.stream(read_all), g, "c", 100)
+            await redis.xack(keyspace.stream(read_all), g, *ids)
+            # On the other shard every group reads 3 of the 4 entries.
+            ids = await read_group(redis, keyspace.stream(unread), g, "c", 3)
+            await redis.xack(keyspace.stream(unread), g, *ids)
+        await redis.aclose()
+        await anyio.to_thread.run_sync(server.restart)
+        redis = create_redis(settings)
+        store = Store(redis, keyspace)
+        metrics = CoordinatorMetrics()
+        lags = {
+            sid: {g["name"]: g["lag"] for g in (await groups(redis, keyspace.stream(sid))).values()}
+            for sid in (read_all, unread)
+        }
+        if not keeps_counter:  # the reproduction on Redis < 7.4
+            assert all(lag != 0 for lag in lags[read_all].values()), lags
+
+        repair = ActiveLagRepair(store, keyspace, metrics, interval=60)
+        repaired = await repair.maybe_repair("orders", meta)
+
+        assert repaired == (0 if keeps_counter else 1)
+        after = {
+            sid: {g["name"]: g["lag"] for g in (await groups(redis, keyspace.stream(sid))).values()}
+            for sid in (read_all, unread)
+        }
+        assert all(lag == 0 for lag in after[read_all].values()), after
+        assert after[unread] == lags[unread], "no proof on the unread shard: nothing written"
+        if keeps_counter:
+            assert all(lag == 1 for lag in after[unread].values()), after
+        value = metrics.registry.get_sample_value(
+            "streamworks_drain_repairs_total", {"stream": "orders"}
+        )
+        assert (value or 0.0) == repaired
+        # Rate-limited: the next pass within the interval checks nothing, even when a
+        # lag is wrong again.
+        await redis.execute_command(
+            "XGROUP", "SETID", keyspace.stream(read_all), GROUPS[0], "4-0", "ENTRIESREAD", 0
+        )
+        assert await repair.maybe_repair("orders", meta) == 0
+        assert (await groups(redis, keyspace.stream(read_all)))[GROUPS[0]]["lag"] == 4
+        assert await ActiveLagRepair(store, keyspace, metrics).maybe_repair("orders", meta) == 1
+        assert (await groups(redis, keyspace.stream(read_all)))[GROUPS[0]]["lag"] == 0
     finally:
         await redis.aclose()

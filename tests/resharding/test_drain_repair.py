@@ -57,3 +57,49 @@ async def test_a_lag_lost_by_a_restart_is_repaired_and_the_shard_retired_later(
         assert repairs() == 1
         assert not await rt.redis.exists(stream)
         assert len(probe.handled) == len(sent)  # nothing read twice, nothing lost
+
+
+async def test_the_event_loop_repairs_the_lag_of_an_active_shard(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    """A shard that stays ACTIVE, read to the end, whose lag a Redis < 7.4 restart broke:
+    the coordinator's event loop makes it exact again (``lag_repair.py``), counted; the
+    group's position is untouched and nothing is read again."""
+    app, probe = probe_app("g", {"s": 2}, ordering="none")
+    async with streamworks_runtime(app, workers=1) as rt:
+        service = rt.service
+        assert service is not None
+        [key] = keys_on(1, 2)
+        sent = [f"m{i}" for i in range(5)]
+        for i in sent:
+            await app.publish("s", {"id": i}, key=key)
+        await wait_for(lambda: probe.ids() == set(sent), 10, "every message handled")
+        stream = rt.keyspace.stream(ShardId("s", 1, 0))
+        [group] = await rt.redis.xinfo_groups(stream)
+        assert group["pending"] == 0 and group["lag"] == 0
+        position = group["last-delivered-id"]
+        # What the reload leaves, and the lag it shows, in one transaction (the loop's
+        # pass may run at any moment).
+        async with rt.redis.pipeline(transaction=True) as pipe:
+            pipe.execute_command("XGROUP", "SETID", stream, "g", position, "ENTRIESREAD", 0)
+            pipe.xinfo_groups(stream)
+            _, [broken] = await pipe.execute()
+        assert broken["lag"] == 5, "precondition: lag wrong on a fully read shard"
+
+        async def lag_of_shard_1() -> Any:
+            info = await service.status()
+            [s] = [s for s in info.streams if s.name == "s"]
+            [shard] = [x for x in s.shards if x.shard == "s/1@0"]
+            return shard.groups[0].lag
+
+        async def repaired() -> bool:
+            return await lag_of_shard_1() == 0
+
+        await wait_for(repaired, 15, "the loop to repair the active shard's lag")
+        value = service.metrics.registry.get_sample_value(
+            "streamworks_drain_repairs_total", {"stream": "s"}
+        )
+        assert value == 1
+        [group] = await rt.redis.xinfo_groups(stream)
+        assert group["last-delivered-id"] == position and group["pending"] == 0
+        assert len(probe.handled) == len(sent)

@@ -1,38 +1,48 @@
-"""The app the chaos workers run: its handler records every processing in Redis.
+"""The app the chaos workers run: its handler records every run in Redis.
 
 Run as ``streamworks worker tests.chaos.apps.chaosapp:app``. It is the instrumented
 app of the end-to-end tests (``tests/e2e/apps/instrumented.py``) made for long runs
 under faults, and writes to the same log key with the same scripts' idea:
 
-* at the start of every processing, in one script: a number from the shared sequence
-  and the shard's owner fence for the group *as it is at that instant* (so the
-  checker can tell whether the member owned the shard when it began), with the
+* at the start of every run, in one script: a number from the shared sequence and
+  the shard's owner fence for the group *as it is at that instant* (so the checker
+  can tell whether the member owned the shard when it began), with the group, the
   message's entry id, event id, partition key, attempt, the member id and pid, and
   the handler's entry time on ``time.monotonic()`` (CLOCK_MONOTONIC: comparable with
-  the times at which the harness sent its signals);
-* when the handler succeeded (the ack follows): ``end`` with another sequence number;
-* when it raised on purpose (``flaky``/``poison`` messages): ``fail`` (best effort).
+  the times at which the harness sent its signals, across processes);
+* when the run ends, whichever way, with the time it ended: ``end`` when the handler
+  succeeded (the ack follows), ``fail`` when it raised on purpose (``flaky``/``poison``
+  messages), ``exit`` when it ended otherwise (cancelled by the runtime at its lease's
+  deadline, a Redis error). A run's *interval* (entry to end) is what the checker's
+  exclusive-processing check compares across members. An end record that cannot be
+  written (Redis cut off) is kept and written by a later run of the same process
+  (marked ``late``), with the time the run really ended.
 
 Records are compact JSON (short field names): a 30-minute run writes hundreds of
 thousands of them. A message may ask for ``work`` seconds of sleep inside the handler
-(so that kills and pauses find work in flight), to fail on its first attempt
-(``flaky``: exercises retries) or on every attempt (``poison``: ends in the DLQ).
+(a spread up to several seconds, so that kills, pauses and lease losses find work in
+flight), to fail on its first attempt (``flaky``: exercises retries) or on every
+attempt (``poison``: ends in the DLQ).
 
 Environment: ``CHAOS_GROUP`` (default ``chaos``), ``CHAOS_SHARDS`` (initial shard
-count, default 4), ``CHAOS_MAX_ATTEMPTS`` (default 15: a handler whose
-Redis writes fail during a cut or a Redis restart fails attempts quickly), ``CHAOS_CONCURRENCY``
-(default 16), ``CHAOS_ORDERING`` (default ``key``).
+count, default 4), ``CHAOS_SYNC`` (``1``: the handler is a plain ``def`` run in a
+thread, sleeping with ``time.sleep`` — it cannot be cancelled, so a run that outlives
+its lease makes the worker fail-stop, exit code 75), ``CHAOS_MAX_ATTEMPTS`` (default
+15: a handler whose Redis writes fail during a cut or a Redis restart fails attempts
+quickly), ``CHAOS_CONCURRENCY`` (default 16), ``CHAOS_ORDERING`` (default ``key``).
 """
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import os
+import threading
 import time
 from typing import Any, Literal, cast
 
 import anyio
 import orjson
+import redis as redis_sync
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
@@ -42,6 +52,7 @@ from streamworks.protocol.shards import ShardId
 STREAM = "chaos"
 GROUP = os.environ.get("CHAOS_GROUP", "chaos")
 SHARDS = int(os.environ.get("CHAOS_SHARDS", "4"))
+SYNC = os.environ.get("CHAOS_SYNC", "") == "1"
 MAX_ATTEMPTS = int(os.environ.get("CHAOS_MAX_ATTEMPTS", "15"))
 CONCURRENCY = int(os.environ.get("CHAOS_CONCURRENCY", "16"))
 ORDERING = cast(Literal["shard", "key", "none"], os.environ.get("CHAOS_ORDERING", "key"))
@@ -69,11 +80,13 @@ local fence = redis.call('GET', KEYS[2]) or ''
 redis.call('RPUSH', KEYS[3], ARGV[1] .. '|' .. seq .. '|' .. fence)
 return seq
 """
-# KEYS: sequence, log. ARGV: the record.
+# KEYS: sequence, log. ARGV: the records (one or more).
 _END = """
-local seq = redis.call('INCR', KEYS[1])
-redis.call('RPUSH', KEYS[2], ARGV[1] .. '|' .. seq .. '|')
-return seq
+for i = 1, #ARGV do
+  local seq = redis.call('INCR', KEYS[1])
+  redis.call('RPUSH', KEYS[2], ARGV[i] .. '|' .. seq .. '|')
+end
+return #ARGV
 """
 
 
@@ -85,15 +98,34 @@ def seq_key(prefix: str) -> str:
     return f"{prefix}:chaos:seq"
 
 
-@app.handler(STREAM, ordering=ORDERING, concurrency=CONCURRENCY, retry=RETRY)
-async def record(event: Event, ctx: Context) -> None:
-    entered = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes (Linux)
-    conn = ctx.app.connection
-    redis: Any = conn.redis
-    prefix = conn.keyspace.prefix
+# End records not written yet (Redis was unreachable), oldest first; shared by the
+# async runs and the threads of sync runs.
+_unsent: list[str] = []
+_unsent_lock = threading.Lock()
+_sync_client: redis_sync.Redis | None = None
+_runs = itertools.count(1)
+
+
+def _take_unsent() -> list[str]:
+    with _unsent_lock:
+        out = list(_unsent)
+        _unsent.clear()
+        return out
+
+
+def _keep_unsent(records: list[str]) -> None:
+    with _unsent_lock:
+        _unsent[:0] = records
+
+
+def _late(record: dict[str, Any]) -> str:
+    return orjson.dumps({**record, "late": 1}).decode()
+
+
+def _head(event: Event, ctx: Context) -> dict[str, Any]:
     message = ctx.message
-    fence_key = conn.keyspace.fence(ShardId.parse(message.shard), GROUP)
-    head = {
+    return {
+        "g": GROUP,
         "m": ctx.member_id,
         "p": os.getpid(),
         "s": message.shard,
@@ -101,28 +133,113 @@ async def record(event: Event, ctx: Context) -> None:
         "i": event.id,
         "k": message.key,
         "a": message.attempt,
+        "r": f"{os.getpid()}-{next(_runs)}",  # the run's id: its end record names it
     }
-    start = await redis.eval(
-        _START,
-        3,
-        seq_key(prefix),
-        fence_key,
-        log_key(prefix),
-        orjson.dumps({**head, "ev": "start", "t": entered}).decode(),
-    )
-    if event.work:
-        await anyio.sleep(event.work)
-    if event.poison or (event.flaky and message.attempt == 1):
-        failed = {**head, "ev": "fail", "start": int(start), "t": time.monotonic()}
-        with contextlib.suppress(RedisError, OSError):
-            await redis.eval(
-                _END, 2, seq_key(prefix), log_key(prefix), orjson.dumps(failed).decode()
+
+
+def _end_kind(error: BaseException | None) -> str:
+    if error is None:
+        return "end"
+    return "fail" if isinstance(error, Failed) else "exit"
+
+
+def _should_fail(event: Event, ctx: Context) -> bool:
+    return event.poison or (event.flaky and ctx.message.attempt == 1)
+
+
+async def _record_async(event: Event, ctx: Context) -> None:
+    entered = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes (Linux)
+    conn = ctx.app.connection
+    redis: Any = conn.redis
+    prefix = conn.keyspace.prefix
+    fence_key = conn.keyspace.fence(ShardId.parse(ctx.message.shard), GROUP)
+    head = _head(event, ctx)
+    error: BaseException | None = None
+    try:
+        # Inside the try: a start record written whose reply is lost (Redis restarted,
+        # the process frozen past its read timeout) still gets its end record.
+        await redis.eval(
+            _START,
+            3,
+            seq_key(prefix),
+            fence_key,
+            log_key(prefix),
+            orjson.dumps({**head, "ev": "start", "t": entered}).decode(),
+        )
+        if event.work:
+            await anyio.sleep(event.work)
+        if _should_fail(event, ctx):
+            raise Failed(f"{event.id} fails on purpose (attempt {ctx.message.attempt})")
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        ended = time.monotonic()
+        record = {**head, "ev": _end_kind(error), "t": ended}
+        late = _take_unsent()
+        records = [orjson.dumps(record).decode(), *late]
+        # Shielded: a run cancelled at its deadline still records when it ended.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            try:
+                await redis.eval(_END, 2, seq_key(prefix), log_key(prefix), *records)
+                records = []
+            except (RedisError, OSError):
+                pass
+        if records:
+            _keep_unsent([_late(record), *late])
+
+
+def _client() -> redis_sync.Redis:
+    global _sync_client
+    if _sync_client is None:
+        url = os.environ.get("STREAMWORKS_REDIS_URL", "redis://127.0.0.1:6379/0")
+        _sync_client = redis_sync.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+    return _sync_client
+
+
+def _record_sync(event: Event, ctx: Context) -> None:
+    entered = time.monotonic()
+    client = _client()
+    prefix = ctx.app.connection.keyspace.prefix
+    fence_key = ctx.app.connection.keyspace.fence(ShardId.parse(ctx.message.shard), GROUP)
+    head = _head(event, ctx)
+    error: BaseException | None = None
+    try:
+        client.eval(
+            _START,
+            3,
+            seq_key(prefix),
+            fence_key,
+            log_key(prefix),
+            orjson.dumps({**head, "ev": "start", "t": entered}).decode(),
+        )
+        if event.work:
+            time.sleep(event.work)  # cannot be cancelled: past the lease, a fail-stop
+        if _should_fail(event, ctx):
+            raise Failed(f"{event.id} fails on purpose (attempt {ctx.message.attempt})")
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        ended = time.monotonic()
+        record = {**head, "ev": _end_kind(error), "t": ended}
+        late = _take_unsent()
+        try:
+            client.eval(
+                _END, 2, seq_key(prefix), log_key(prefix), orjson.dumps(record).decode(), *late
             )
-        raise Failed(f"{event.id} fails on purpose (attempt {message.attempt})")
-    await redis.eval(
-        _END,
-        2,
-        seq_key(prefix),
-        log_key(prefix),
-        orjson.dumps({**head, "ev": "end", "start": int(start), "t": time.monotonic()}).decode(),
-    )
+        except (RedisError, OSError):
+            _keep_unsent([_late(record), *late])
+
+
+if SYNC:
+
+    @app.handler(STREAM, ordering=ORDERING, concurrency=CONCURRENCY, retry=RETRY)
+    def record(event: Event, ctx: Context) -> None:
+        _record_sync(event, ctx)
+
+else:
+
+    @app.handler(STREAM, ordering=ORDERING, concurrency=CONCURRENCY, retry=RETRY)
+    async def record(event: Event, ctx: Context) -> None:
+        await _record_async(event, ctx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 from typing import Any
 
 import anyio
@@ -33,11 +34,21 @@ log = logging.getLogger("streamworks.cli")
 @click.command()
 @click.argument("target", metavar="MODULE:APP")
 @click.option("--concurrency", type=click.IntRange(1, 100_000), help="override every handler's")
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 256),
+    help="run N worker processes (N members) under a supervisor; see docs/operations.md",
+)
 @redis_options
 @coordinator_options
 @logging_options("INFO")
 def worker(
-    target: str, concurrency: int | None, log_level: str, log_format: str, **flags: Any
+    target: str,
+    concurrency: int | None,
+    processes: int | None,
+    log_level: str,
+    log_format: str,
+    **flags: Any,
 ) -> None:
     """Run one member of the app's group: read its shards, run its handlers.
 
@@ -50,6 +61,13 @@ def worker(
     if not app.handlers:
         fail(f"{target} declares no handlers: nothing to consume")
     settings = make_settings(**flags)
+    if processes is not None:
+        from streamworks.cli.supervisor import supervise_workers
+
+        options = ["--log-level", log_level, "--log-format", log_format]
+        if concurrency is not None:
+            options += ["--concurrency", str(concurrency)]
+        sys.exit(supervise_workers(target, processes, settings, flags, options))
     if concurrency is not None:
         for spec in app.handlers.values():
             spec.concurrency = concurrency

@@ -56,6 +56,8 @@ def _suite_args(name: str, args: argparse.Namespace) -> argparse.Namespace:
     if args.quick:
         for key, value in QUICK[name].items():
             setattr(sub, key, value)
+    if name == "consume" and args.consume_only:
+        sub.only = args.consume_only
     return sub
 
 
@@ -204,6 +206,11 @@ def main() -> None:
         "--only",
         default=",".join(SUITES),
         help=f"comma-separated suites to run (default {','.join(SUITES)})",
+    )
+    p.add_argument(
+        "--consume-only",
+        help="comma-separated consume contestants (default all), e.g. "
+        "raw-per-shard,raw-100,streamworks,faststream-500",
     )
     p.add_argument(
         "--out",

@@ -54,6 +54,8 @@ def worker(
 
     SIGTERM or Ctrl-C stops gracefully (finish in-flight work, ack, leave the group);
     a second signal exits at once (unfinished work stays pending for the next owner).
+    With --processes N, N such workers run as children of a supervisor that restarts
+    crashed ones and forwards the signals (docs/operations.md).
     """
     context = configure_logging(log_level, log_format)
     app = load_app(target)

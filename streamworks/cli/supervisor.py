@@ -48,7 +48,14 @@ import click
 
 from streamworks.settings import Settings, SupervisorSettings
 
-__all__ = ("ChildProcess", "CrashBudget", "Supervisor", "restart_delay", "supervise_workers")
+__all__ = (
+    "ChildProcess",
+    "CrashBudget",
+    "Supervisor",
+    "child_environments",
+    "restart_delay",
+    "supervise_workers",
+)
 
 log = logging.getLogger("streamworks.supervisor")
 
@@ -91,6 +98,7 @@ class ChildProcess:
 
     index: int
     argv: list[str]
+    env: dict[str, str]
     popen: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     consecutive_crashes: int = 0
@@ -117,7 +125,7 @@ class Supervisor:
 
     Args:
         commands: the argv of each child (index = position).
-        env: the children's environment.
+        envs: the environment of each child (same positions as ``commands``).
         settings: restart and give-up policy.
         clock: monotonic seconds (injectable for tests of the policy).
     """
@@ -125,13 +133,15 @@ class Supervisor:
     def __init__(
         self,
         commands: Sequence[Sequence[str]],
-        env: Mapping[str, str],
+        envs: Sequence[Mapping[str, str]],
         settings: SupervisorSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.children = [ChildProcess(i, list(argv)) for i, argv in enumerate(commands)]
-        self.env = dict(env)
+        self.children = [
+            ChildProcess(i, list(argv), dict(env))
+            for i, (argv, env) in enumerate(zip(commands, envs, strict=True))
+        ]
         self.settings = settings
         self.clock = clock
         self.budget = CrashBudget(settings)
@@ -256,7 +266,7 @@ class Supervisor:
         child.restart_at = None
         child.popen = subprocess.Popen(
             child.argv,
-            env=self.env,
+            env=child.env,
             stdin=subprocess.DEVNULL,
             process_group=0,  # the terminal's Ctrl-C reaches the supervisor only
             preexec_fn=_die_with_parent(os.getpid()),
@@ -338,6 +348,38 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
     return preexec
 
 
+#: Worker settings of its HTTP endpoint (metrics, health) that each child gets from
+#: the supervisor's effective settings, whether they came from a flag or the
+#: environment. The port is per child: child *i* listens on the port + *i*.
+HTTP_SETTINGS = ("http_host", "http_enabled")
+
+
+def child_environments(
+    env: Mapping[str, str], settings: Settings, processes: int
+) -> list[dict[str, str]]:
+    """The environment of each of ``processes`` children.
+
+    When the worker serves HTTP (``worker.http_port``), N processes cannot share one
+    port: child *i* gets ``worker.http_port + i`` (0, any free port, stays 0), so each
+    child is scraped on its own port. Without that setting the environments are equal.
+    """
+    worker = settings.worker
+    port = getattr(worker, "http_port", None)
+    shared = dict(env)
+    for name in HTTP_SETTINGS:
+        value = getattr(worker, name, None)
+        if value is not None:
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            shared[f"STREAMWORKS_WORKER__{name.upper()}"] = text
+    envs = []
+    for index in range(processes):
+        child = dict(shared)
+        if isinstance(port, int):
+            child["STREAMWORKS_WORKER__HTTP_PORT"] = str(port + index if port else 0)
+        envs.append(child)
+    return envs
+
+
 def supervise_workers(
     target: str,
     processes: int,
@@ -366,7 +408,8 @@ def supervise_workers(
         settings.supervisor.max_crashes,
         settings.supervisor.crash_window,
     )
-    supervisor = Supervisor([argv] * processes, env, settings.supervisor)
+    envs = child_environments(env, settings, processes)
+    supervisor = Supervisor([argv] * processes, envs, settings.supervisor)
     code = supervisor.run()
     if supervisor.gave_up is not None:
         click.echo(f"error: {supervisor.gave_up}", err=True)

@@ -34,6 +34,7 @@ from tests.e2e.harness import (
     wait_stable,
     wait_until,
 )
+from tests.e2e.test_cli import assert_one_error_line
 
 #: A fast restart policy for the tests (seconds).
 FAST_RESTARTS = {
@@ -202,3 +203,16 @@ async def test_children_that_keep_crashing_make_the_supervisor_give_up(cluster: 
     assert len(errors) == 1, out[-3000:]
     assert errors[0].startswith("error: worker processes crashed 4 times within 60s")
     assert out.count("exited unexpectedly: exit code 1") == 3
+
+
+async def test_bad_processes_and_a_missing_app_are_one_line_before_any_child(
+    cluster: Cluster,
+) -> None:
+    """--processes 0 is a usage error; a missing app fails once in the supervisor,
+    not once per child and restart."""
+    zero = await cluster.cli("worker", "tests.e2e.apps.instrumented:app", "--processes", "0")
+    assert zero.returncode == 2
+    assert_one_error_line(zero, "--processes", "0")
+    missing = await cluster.cli("worker", "tests.e2e.apps.no_such_app:app", "--processes", "2")
+    assert_one_error_line(missing, "cannot import module 'tests.e2e.apps.no_such_app'")
+    assert b"worker process" not in missing.stderr

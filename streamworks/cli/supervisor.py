@@ -127,7 +127,7 @@ class Supervisor:
         commands: the argv of each child (index = position).
         envs: the environment of each child (same positions as ``commands``).
         settings: restart and give-up policy.
-        clock: monotonic seconds (injectable for tests of the policy).
+        clock: monotonic seconds.
     """
 
     def __init__(
@@ -166,6 +166,9 @@ class Supervisor:
             for child in self.children:
                 self._start(child)
             return self._loop(selector, read_fd)
+        except BaseException:
+            self._kill_all()  # never leave children behind on an unexpected error
+            raise
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)

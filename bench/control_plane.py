@@ -69,6 +69,7 @@ class Processes:
             "STREAMWORKS_REDIS_URL": redis_url,
             "STREAMWORKS_COORDINATOR_URLS": f"http://127.0.0.1:{port}",
             "STREAMWORKS_COORDINATOR__PORT": str(port),
+            "STREAMWORKS_WORKER__HTTP_PORT": "0",  # several workers: a free port each
             "PYTHONPATH": str(ROOT),
             **env,
         }

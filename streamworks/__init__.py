@@ -22,7 +22,9 @@ from streamworks.exceptions import PublishError as PublishError
 from streamworks.exceptions import Retry as Retry
 from streamworks.exceptions import RoutingUnavailableError as RoutingUnavailableError
 from streamworks.exceptions import Skip as Skip
+from streamworks.exceptions import StartupError as StartupError
 from streamworks.exceptions import StreamworksError as StreamworksError
+from streamworks.middleware import Middleware as Middleware
 from streamworks.protocol.codec import Codec as Codec
 from streamworks.protocol.codec import JsonCodec as JsonCodec
 from streamworks.runtime.idempotency import IdempotencyStore as IdempotencyStore
@@ -45,6 +47,7 @@ __all__ = (
     "IdempotencyStore",
     "JsonCodec",
     "Message",
+    "Middleware",
     "NoShardsError",
     "PublishError",
     "Published",
@@ -55,6 +58,7 @@ __all__ = (
     "RoutingUnavailableError",
     "Settings",
     "Skip",
+    "StartupError",
     "StreamSpec",
     "StreamworksError",
     "__version__",

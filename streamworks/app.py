@@ -12,6 +12,7 @@ import functools
 import inspect
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
@@ -20,6 +21,7 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from streamworks.exceptions import ConfigurationError, NotConnectedError
+from streamworks.middleware import Middleware, PublishNext, check_middleware, compose_publish
 from streamworks.protocol.codec import Codec, JsonCodec
 from streamworks.protocol.shards import validate_name
 from streamworks.runtime.handler import HandlerSpec, Ordering, build_plan
@@ -36,6 +38,11 @@ __all__ = ("App", "StreamSpec")
 
 P = ParamSpec("P")
 T = TypeVar("T")
+#: An ``on_startup``/``on_shutdown`` hook: a function of no arguments, async or not.
+Hook = Callable[[], Any]
+H = TypeVar("H", bound=Hook)
+#: ``App(lifespan=...)``: called with the app, returns an async context manager.
+Lifespan = Callable[["App"], AbstractAsyncContextManager[Any]]
 
 #: Where a new consumer group starts on a stream that already has entries.
 StartPosition = Literal["earliest", "latest"]
@@ -73,7 +80,11 @@ class App:
         codec: payload codec; orjson by default.
         idempotency_store: store for ``idempotency_key`` handlers; defaults to a
             Redis store in the worker's Redis.
-        middleware: reserved for hooks around handling (ordered, outermost first).
+        middleware: :class:`~streamworks.Middleware` around handling and publishing,
+            outermost first (see ``docs/middleware.md``).
+        lifespan: ``lifespan(app)`` returning an async context manager, entered
+            after the ``on_startup`` hooks and exited before the ``on_shutdown``
+            hooks, by the same processes (see :meth:`on_startup`).
     """
 
     def __init__(
@@ -83,13 +94,18 @@ class App:
         settings: Settings | None = None,
         codec: Codec | None = None,
         idempotency_store: IdempotencyStore | None = None,
-        middleware: Sequence[Any] = (),
+        middleware: Sequence[Middleware] = (),
+        lifespan: Lifespan | None = None,
     ) -> None:
         self.name = validate_name("group", name)
         self._settings = settings
         self.codec: Codec = codec if codec is not None else JsonCodec()
         self.idempotency_store = idempotency_store
-        self.middleware = tuple(middleware)
+        self.middleware: tuple[Middleware, ...] = tuple(check_middleware(tuple(middleware)))
+        self.lifespan = lifespan
+        self.startup_hooks: list[Hook] = []
+        self.shutdown_hooks: list[Hook] = []
+        self._publish_chain: PublishNext | None = None
         self.streams: dict[str, StreamSpec] = {}
         self.handlers: dict[str, HandlerSpec] = {}
         self._connection: Connection | None = None
@@ -228,6 +244,32 @@ class App:
 
         return decorate
 
+    # -- lifecycle -------------------------------------------------------------------
+    def on_startup(self, fn: H) -> H:
+        """Register a function to run when a process of this app starts.
+
+        Startup hooks run in registration order once per process — a worker
+        (``streamworks worker``, ``open_worker``), ``streamworks dev`` and a
+        ``TestRuntime`` — after the app is connected (hooks may publish) and before
+        any worker joins the group. ``async def`` hooks run on the event loop, plain
+        functions in a worker thread. A hook that raises aborts the start with
+        :class:`~streamworks.StartupError`. ``app.connect()`` (a producer-only
+        process) runs no hooks.
+        """
+        self.startup_hooks.append(_check_hook("on_startup", fn))
+        return fn
+
+    def on_shutdown(self, fn: H) -> H:
+        """Register a function to run when a process of this app stops.
+
+        Shutdown hooks run in registration order after the workers have left the
+        group and their in-flight messages have ended, while the app can still
+        publish; every hook runs even if an earlier one failed (failures are
+        logged). They run only if the startup completed.
+        """
+        self.shutdown_hooks.append(_check_hook("on_shutdown", fn))
+        return fn
+
     # -- publishing ------------------------------------------------------------------
     @property
     def connection(self) -> Connection:
@@ -249,12 +291,18 @@ class App:
         headers: Mapping[str, str] | None = None,
     ) -> Published:
         """Publish one message to ``stream``."""
-        producer = self.connection.producer
-        return await producer.publish(stream, Record(value, key, event_id, headers))
+        chain = self._publish_chain
+        if chain is None:
+            producer = self.connection.producer
+            return await producer.publish(stream, Record(value, key, event_id, headers))
+        return (await chain(stream, (Record(value, key, event_id, headers),)))[0]
 
     async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
         """Publish records in one pipeline; one :class:`Published` per record, in order."""
-        return await self.connection.producer.publish_many(stream, records)
+        chain = self._publish_chain
+        if chain is None:
+            return await self.connection.producer.publish_many(stream, records)
+        return await chain(stream, records)
 
     # -- connections -----------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -288,6 +336,8 @@ class App:
             raise ConfigurationError(f"app {self.name!r} is already connected")
         self._connection = connection
         self._connection_users = 1
+        # Composed once per connection: publishing without middleware stays as it was.
+        self._publish_chain = compose_publish(self.middleware, connection.producer)
         # Synchronous code in other threads (a sync handler, a thread pool) publishes
         # through this connection by handing the call to its event loop.
         self._loop_token = anyio.lowlevel.current_token()
@@ -298,6 +348,7 @@ class App:
             self._connection = None
             self._connection_users = 0
             self._loop_token = None
+            self._publish_chain = None
 
     @contextlib.contextmanager
     def connect_sync(self, **kwargs: Any) -> Iterator[SyncPublisher]:
@@ -351,6 +402,21 @@ class App:
             )
         with self.connect_sync() as publisher:
             return publisher.publish(stream, value, key=key, event_id=event_id, headers=headers)
+
+
+def _check_hook(kind: str, fn: Any) -> Hook:
+    if not callable(fn):
+        raise ConfigurationError(f"@app.{kind} needs a function, not {fn!r}")
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        raise ConfigurationError(
+            f"@app.{kind} hook {getattr(fn, '__qualname__', fn)!r} must take no arguments"
+        ) from None
+    except ValueError:
+        pass  # no signature to inspect (some builtins): trust it
+    hook: Hook = fn
+    return hook
 
 
 class SyncPublisher:

@@ -4,6 +4,7 @@ Every error streamworks raises derives from :class:`StreamworksError`::
 
     StreamworksError
     ├── ConfigurationError (ValueError)    bad settings, handler signatures, names
+    │   └── NamespaceMismatchError         not the coordinator's Redis or key prefix
     ├── DecodeError                        an entry or payload that cannot be decoded (poison)
     ├── BackendError                       Redis failed or answered something unexpected
     ├── PublishError                       a message could not be published
@@ -12,7 +13,8 @@ Every error streamworks raises derives from :class:`StreamworksError`::
     │   └── ShardRetiredError              routing kept pointing at retired shards (E16)
     ├── CoordinatorError                   the coordinator answered with an error
     │   └── CoordinatorUnavailableError    no coordinator URL answered, retryable
-    └── NotConnectedError                  publishing from an app with no open connection
+    ├── NotConnectedError                  publishing from an app with no open connection
+    └── StartupError                       an on_startup hook (or the lifespan) failed
 
 Losing a shard is not an error anybody sees: a read refused by the owner fence, or a
 lease that ran out, makes the member stop reading that shard (or pause), and the
@@ -31,6 +33,7 @@ __all__ = (
     "CoordinatorUnavailableError",
     "DecodeError",
     "HandlerSignal",
+    "NamespaceMismatchError",
     "NoShardsError",
     "NotConnectedError",
     "PublishError",
@@ -38,6 +41,7 @@ __all__ = (
     "RoutingUnavailableError",
     "ShardRetiredError",
     "Skip",
+    "StartupError",
     "StreamworksError",
 )
 
@@ -48,6 +52,12 @@ class StreamworksError(Exception):
 
 class ConfigurationError(StreamworksError, ValueError):
     """Invalid settings, names or handler declarations."""
+
+
+class NamespaceMismatchError(ConfigurationError):
+    """This process's Redis (server, database) or key prefix is not its coordinator's:
+    the namespace id the coordinator sent is not the one this Redis holds
+    (``streamworks.redis.namespace``)."""
 
 
 class DecodeError(StreamworksError):
@@ -105,6 +115,11 @@ class CoordinatorUnavailableError(CoordinatorError):
 
 class NotConnectedError(StreamworksError):
     """The app has no open connection; use ``async with app.connect()``."""
+
+
+class StartupError(StreamworksError):
+    """An ``on_startup`` hook or the app's lifespan raised: the process did not start
+    (the hook's exception is the ``__cause__``)."""
 
 
 class HandlerSignal(Exception):

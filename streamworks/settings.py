@@ -31,11 +31,30 @@ class WorkerSettings(BaseModel):
     read_ahead: int = Field(3, ge=1, le=64, description="batches in flight per shard")
     block: float = Field(1.0, gt=0, le=30, description="longest wait for new entries (s)")
     shutdown_timeout: float = Field(30.0, ge=0, description="in-flight time on SIGTERM (s)")
-    lease_grace: float = Field(5.0, ge=0, description="in-flight time after lease loss (s)")
+    lease_grace: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "no new run starts this long before the lease's cancel point (s); "
+            "None: 5 s, or half of what the lease leaves when that does not fit"
+        ),
+    )
+    lease_drift: float = Field(
+        0.01, ge=0, lt=0.5, description="clock-rate difference allowed for in leases (ratio)"
+    )
     ack_batch: int = Field(1000, ge=1, description="most acks sent in one pipeline")
     trim_interval: float = Field(1.0, gt=0, description="ack-delete/retention trim period (s)")
     idempotency_ttl: float = Field(86_400.0, gt=0, description="completed idempotency keys (s)")
     idempotency_claim_ttl: float = Field(300.0, gt=0, description="in-progress claims (s)")
+    # The worker's own HTTP endpoint (/metrics, /livez, /readyz; docs/operations.md).
+    # Loopback by default, like the coordinator: set http_host=0.0.0.0 for a scraper
+    # on another host (a container, a pod). Port 0 picks a free port (it is logged).
+    http_enabled: bool = Field(True, description="serve /metrics, /livez and /readyz")
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(9400, ge=0, le=65535)
+    traceback_interval: float = Field(
+        60.0, ge=0, description="least time between two logged tracebacks of a handler (s)"
+    )
 
 
 class SupervisorSettings(BaseModel):

@@ -150,15 +150,19 @@ async def main() -> int:
         console.print(f"[dim]embedded Redis at {server.url}; process logs in {logs}[/]")
         cluster.start("coordinator", "coordinator")
         await wait_ready(port)
+        metrics_ports = [free_port() for _ in range(WORKERS)]
         workers = [
-            cluster.start(f"worker-{i}", "worker", "examples.orders.app:app")
-            for i in range(WORKERS)
+            cluster.start(f"worker-{i}", "worker", "examples.orders.app:app", "--http-port", str(p))
+            for i, p in enumerate(metrics_ports)
         ]
         async with CoordinatorClient(settings.coordinator_urls) as client:
             owners = await wait_members(client, WORKERS)
             console.print(f"coordinator + {WORKERS} workers up; the coordinator split 8 shards:")
             for pid, shards in owners.items():
                 console.print(f"  worker pid {pid:>7} reads shards {short(shards)}")
+            console.print("worker metrics (Prometheus; also /livez and /readyz):")
+            for w, p in zip(workers, metrics_ports, strict=True):
+                console.print(f"  worker pid {w.pid:>7} http://127.0.0.1:{p}/metrics")
             victim = workers[1]
             victim_shards = owners[str(victim.pid)]
             killed_at = 0.0

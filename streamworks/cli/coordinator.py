@@ -77,6 +77,10 @@ async def _run(settings: Settings) -> None:
             )
         port = sock.getsockname()[1]
         service = CoordinatorService(redis, settings, replica=f"{socket.gethostname()}:{port}")
+        # Written at start (SET NX): workers and producers check it in their Redis.
+        log.info(
+            "namespace %s (key %s)", await service.ensure_namespace(), service.keyspace.namespace()
+        )
         config = uvicorn.Config(
             create_api(service),
             host=host,

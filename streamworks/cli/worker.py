@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from typing import Any
 
@@ -24,7 +26,10 @@ from streamworks.cli.common import (
     safe_url,
 )
 from streamworks.cli.logs import ContextFilter
+from streamworks.exceptions import NamespaceMismatchError
 from streamworks.redis.client import create_redis
+from streamworks.runtime.deadlines import lease_misfit
+from streamworks.runtime.http import bind, open_worker_http
 from streamworks.runtime.process import open_worker
 from streamworks.settings import Settings
 
@@ -41,17 +46,34 @@ log = logging.getLogger("streamworks.cli")
 )
 @redis_options
 @coordinator_options
+@click.option(
+    "--http-port",
+    type=click.IntRange(0, 65535),
+    help="port of /metrics, /livez, /readyz; 0 = any free one  [default: 9400; env "
+    "STREAMWORKS_WORKER__HTTP_PORT]",
+)
+@click.option(
+    "--http-host",
+    help="address to serve them on  [default: 127.0.0.1; env STREAMWORKS_WORKER__HTTP_HOST]",
+)
+@click.option(
+    "--no-http", is_flag=True, help="open no port  [env STREAMWORKS_WORKER__HTTP_ENABLED=false]"
+)
 @logging_options("INFO")
 def worker(
     target: str,
     concurrency: int | None,
     processes: int | None,
+    http_port: int | None,
+    http_host: str | None,
+    no_http: bool,
     log_level: str,
     log_format: str,
     **flags: Any,
 ) -> None:
     """Run one member of the app's group: read its shards, run its handlers.
 
+    Serves /metrics (Prometheus), /livez and /readyz on --http-port unless --no-http.
     SIGTERM or Ctrl-C stops gracefully (finish in-flight work, ack, leave the group);
     a second signal exits at once (unfinished work stays pending for the next owner).
     With --processes N, N such workers run as children of a supervisor that restarts
@@ -63,6 +85,17 @@ def worker(
     if not app.handlers:
         fail(f"{target} declares no handlers: nothing to consume")
     settings = make_settings(**flags)
+    http = {
+        "http_port": http_port,
+        "http_host": http_host,
+        "http_enabled": False if no_http else None,
+    }
+    http = {k: v for k, v in http.items() if v is not None}
+    if http:
+        settings = settings.model_copy(update={"worker": settings.worker.model_copy(update=http)})
+    misfit = lease_misfit(settings)
+    if misfit is not None:
+        fail(f"invalid STREAMWORKS_* setting: {misfit}")
     if processes is not None:
         from streamworks.cli.supervisor import supervise_workers
 
@@ -78,26 +111,68 @@ def worker(
 
 async def _run(app: App, settings: Settings, context: ContextFilter) -> None:
     redis = create_redis(settings)
+    # Bound before joining: a taken port is one error line, not a member that joins
+    # and leaves again.
+    sock = _bind(settings) if settings.worker.http_enabled else None
     try:
         try:
             await redis.ping()
         except Exception as e:
             fail(f"cannot reach Redis at {safe_url(settings.redis_url)}: {e}")
-        async with open_worker(app, settings, redis=redis) as member:
-            context.fields["member"] = member.member_id
-            log.info(
-                "member %s of group %s started (handlers: %s; coordinator: %s)",
-                member.member_id,
-                app.name,
-                ", ".join(sorted(app.handlers)),
-                ", ".join(settings.coordinator_urls),
-            )
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_signals, member)
-                await member.stopped.wait()
-                tg.cancel_scope.cancel()
+        try:
+            await _serve(app, settings, redis, sock, context)
+        except* NamespaceMismatchError as group:
+            # Raised inside the worker's task groups: one line, not a traceback.
+            fail(str(_first(group)))
     finally:
+        if sock is not None:
+            sock.close()
         await redis.aclose()
+
+
+def _first(group: BaseExceptionGroup[Any]) -> BaseException:
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
+
+
+async def _serve(
+    app: App, settings: Settings, redis: Any, sock: socket.socket | None, context: ContextFilter
+) -> None:
+    async with (
+        open_worker(app, settings, redis=redis) as member,
+        contextlib.AsyncExitStack() as serving,
+    ):
+        context.fields["member"] = member.member_id
+        where = "no HTTP endpoint (--no-http)"
+        if sock is not None:
+            url = await serving.enter_async_context(open_worker_http(member, sock))
+            where = f"metrics at {url}/metrics"
+        log.info(
+            "member %s of group %s started (handlers: %s; coordinator: %s; %s)",
+            member.member_id,
+            app.name,
+            ", ".join(sorted(app.handlers)),
+            ", ".join(settings.coordinator_urls),
+            where,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watch_signals, member)
+            await member.stopped.wait()
+            tg.cancel_scope.cancel()
+
+
+def _bind(settings: Settings) -> socket.socket:
+    host, port = settings.worker.http_host, settings.worker.http_port
+    try:
+        return bind(host, port)
+    except OSError as e:
+        fail(
+            f"cannot serve the worker's HTTP endpoint on {host}:{port}: {e.strerror or e} "
+            "(choose another --http-port, or --no-http)"
+        )
+        raise  # unreachable
 
 
 async def _watch_signals(member: Any) -> None:

@@ -13,7 +13,7 @@ import logging
 from streamworks.coordinator import provision
 from streamworks.coordinator.core import CoreConfig
 from streamworks.coordinator.core.recovery import empty_group
-from streamworks.coordinator.core.streams import ShardRecord, ShardState, new_stream
+from streamworks.coordinator.core.streams import ShardRecord, ShardState, StreamMeta, new_stream
 from streamworks.coordinator.discipline import WriteDiscipline
 from streamworks.coordinator.status import StatusReport
 from streamworks.coordinator.store import Conflict, Store
@@ -53,7 +53,13 @@ class OperatorActions:
         registry and its consumer groups (positions, pending entries, fences, retry
         records) are removed from every shard. Refused while a live member of the
         group subscribes to the stream. Until this is done, a scale-in of the stream
-        waits for the group to drain the removed shards."""
+        waits for the group to drain the removed shards.
+
+        Runs in the group's critical section (no heartbeat of the group, on any
+        replica, runs meanwhile) and inside it the stream's (no scale-out, creation or
+        retirement of the stream runs meanwhile: a scale-out cannot create the group on
+        new shards behind the unsubscribe's back, leaving an orphan consumer group
+        that would block trimming and retirement for good)."""
         group_id, stream = request.group, request.stream
         async with self.discipline.critical(self.keyspace.group_mutex(group_id)):
             loaded = await self.store.load_group(group_id)
@@ -70,20 +76,43 @@ class OperatorActions:
                         f"{stream!r}; stop them (or remove the handler) first",
                         status=409,
                     )
-            if group_id not in await self.store.subscribed_groups(stream):
-                raise CoordinatorError(
-                    "NOT_FOUND", f"group {group_id!r} is not subscribed to {stream!r}", status=404
+            async with self.discipline.critical(self.keyspace.stream_mutex(stream)):
+                if group_id not in await self.store.subscribed_groups(stream):
+                    raise CoordinatorError(
+                        "NOT_FOUND",
+                        f"group {group_id!r} is not subscribed to {stream!r}",
+                        status=404,
+                    )
+                meta = await self._touch_stream(stream)
+                shards = (
+                    []
+                    if meta is None
+                    else [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
                 )
-            _, meta = await self.store.load_stream(stream)
-            shards = (
-                []
-                if meta is None
-                else [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
-            )
-            await self.store.remove_subscription(stream, group_id, shards)
-            self.subscriptions.forget(stream, group_id)
+                for shard in shards:
+                    await provision.destroy_group(
+                        self.store.scripts, self.keyspace, shard, group_id
+                    )
+                await self.store.remove_subscription(stream, group_id)
+                self.subscriptions.forget(stream, group_id)
             log.warning("operator unsubscribed group %s from stream %s", group_id, stream)
         return await self.report.status(positions=False)
+
+    async def _touch_stream(self, stream: str) -> StreamMeta | None:
+        """Commit the stream's metadata unchanged, so its revision moves: every replica
+        keys what it checked about a group's consumer groups by that revision
+        (``subscriptions.py``), so none trusts, after this unsubscribe, what it checked
+        before. Done first: no heartbeat of the group runs until the unsubscribe ends
+        (its critical section is held), so nothing re-checks at the new revision
+        meanwhile, and a crash half-way leaves the group subscribed (retry the
+        unsubscribe). None when the stream does not exist (nothing was checked)."""
+        for _ in range(3):
+            rev, meta = await self.store.load_stream(stream)
+            if meta is None:
+                return None
+            if await self.store.commit_stream(rev, meta) is not None:
+                return meta
+        raise Conflict(f"stream {stream!r} was written concurrently; retry")
 
     async def reinitialize(self, request: ReinitializeRequest) -> StatusResponse:
         """Re-create the metadata of one entity whose metadata was lost.

@@ -174,7 +174,9 @@ class HeartbeatHandler:
                     if result.changed_members
                     else self.replica.group_streams(group_id, loaded.rev, group)
                 )
-                subscribed = {n: m for n, m in metas.items() if n in wanted}
+                # Streams that do not exist yet are included: the subscription is
+                # recorded, so the stream is created with this group's consumer groups.
+                subscribed = {n: loaded_streams[n] for n in wanted if n in loaded_streams}
                 if result.is_noop and loaded.rev:
                     await self.subscriptions.ensure(group_id, subscribed, starts)
                     if not result.renews_lease:
@@ -257,6 +259,7 @@ class HeartbeatHandler:
             heartbeat_interval_ms=self.config.heartbeat_interval_ms,
             lease_ttl_ms=self.config.lease_ttl_ms,
             key_prefix=self.keyspace.prefix,
+            namespace_id=self.replica.namespace_id,
         )
 
     async def _new_group(self, group_id: str, subscriptions: Iterable[str]) -> Group:
@@ -297,4 +300,5 @@ class HeartbeatHandler:
             heartbeat_interval_ms=interval,
             lease_ttl_ms=result.lease_ttl_ms,
             key_prefix=self.keyspace.prefix,
+            namespace_id=self.replica.namespace_id,
         )

@@ -28,6 +28,9 @@ class ReplicaState:
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
+        # The namespace id (``redis/namespace.py``), claimed at start or on the first
+        # heartbeat or routing request; sent in every such answer.
+        self.namespace_id: str | None = None
         # Per group, the member whose lease runs out first and when (Redis time, ms),
         # as the loop last saw the lease set.
         self.next_expiry: dict[str, tuple[str, int]] = {}

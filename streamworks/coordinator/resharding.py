@@ -6,7 +6,9 @@ pick a migration up after a crash, E2):
 * :meth:`Resharder.scale` — apply a scale request: create the new shard keys with
   every registered group's consumer group *before* committing routing that points at
   them; mark removed shards DRAINING and record the routing fence.
-* :meth:`Resharder.tick` — run by every replica's event loop: once a stream's routing
+* :meth:`Resharder.tick` — run by every replica's event loop: confirms the shards'
+  group sets once per stream revision (a replica that died between a commit and its
+  confirmation leaves them provisional); once a stream's routing
   fence has passed, check each draining shard with ``retire.lua`` (which deletes it
   in the same step when every registered group shows pending 0, lag 0 and nothing
   undelivered) and record the retired shards.
@@ -66,6 +68,8 @@ class Resharder:
         # by `streamworks status` so an operator sees e.g. "lag unknown (nil)".
         self.blockers: dict[str, str] = {}
         self._logged: dict[str, float] = {}
+        # (stream, revision) whose shards' group sets this replica confirmed.
+        self._sealed: set[tuple[str, int]] = set()
 
     async def scale(self, name: str, shards: int) -> StreamMeta:
         """Change ``name`` to ``shards`` routable shards (see the module docstring)."""
@@ -119,9 +123,11 @@ class Resharder:
         the others."""
         for name in await self.store.registered_streams():
             try:
-                _, meta = await self.store.load_stream(name)
+                rev, meta = await self.store.load_stream(name)
                 if meta is None:
                     continue
+                if (name, rev) not in self._sealed:
+                    await self._seal(name)
                 now = await self.store.now_ms()
                 if not due_for_drain_check(meta, now):
                     continue
@@ -130,6 +136,23 @@ class Resharder:
                 log.debug("stream %s: %s", name, e.message)  # the store logs it, rate-limited
             except Conflict as e:
                 log.warning("stream %s: %s", name, e.message)
+
+    async def _seal(self, name: str) -> None:
+        """Confirm the group sets of the stream's shards from the registry, once per
+        stream revision on each replica: repairs shards left provisional (trimming
+        refused) by a creation or a scale-out whose replica died between its commit and
+        its own confirmation. In the stream's critical section, so no unsubscribe runs
+        between the registry read and the write (it would list a destroyed group)."""
+        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
+            rev, meta = await self.store.load_stream(name)
+            if meta is None:
+                return
+            groups = sorted(await self.store.subscribed_groups(name))
+            shards = [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
+            await provision.record_shard_groups(self.store.scripts, self.keyspace, shards, groups)
+            if len(self._sealed) > 4096:
+                self._sealed.clear()
+            self._sealed.add((name, rev))
 
     async def _check_and_retire(self, name: str) -> None:
         async with self.discipline.critical(self.keyspace.stream_mutex(name)):

@@ -159,7 +159,14 @@ class CoordinatorService:
         log.error("unexpected error: %r", exc, exc_info=exc)
 
     # -- heartbeats (heartbeats.py) -------------------------------------------------------
+    async def ensure_namespace(self) -> str:
+        """The namespace id, claimed once (``SET NX``) and then cached (``redis/namespace.py``)."""
+        if self.state.namespace_id is None:
+            self.state.namespace_id = await self.store.claim_namespace()
+        return self.state.namespace_id
+
     async def heartbeat(self, group_id: str, body: HeartbeatRequest) -> HeartbeatResponse:
+        await self.ensure_namespace()
         return await self.heartbeats.handle(group_id, body)
 
     # -- the event loop (loop.py) ---------------------------------------------------------
@@ -192,6 +199,7 @@ class CoordinatorService:
         return await self.streams.scale(name, shards)
 
     async def routing(self, stream: str) -> RoutingResponse:
+        await self.ensure_namespace()
         return await self.streams.routing(stream)
 
     async def stream_info(self, name: str) -> StreamInfo:

@@ -30,7 +30,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,13 +38,13 @@ import anyio
 import orjson
 
 from streamworks.clock import Clock
-from streamworks.coordinator import provision
 from streamworks.coordinator.core import FenceWrite, Group, Member
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import ShardGroupInfo
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.namespace import claim_namespace
 from streamworks.redis.scripts import Scripts
 
 __all__ = (
@@ -140,9 +140,17 @@ class Store:
         self._groups: dict[str, tuple[int, Group]] = {}
         self._streams: dict[str, tuple[int, StreamMeta]] = {}
         self._reported: dict[str, float] = {}  # fail-closed problem -> last logged
+        #: Called with the key each time :meth:`mutex` finds a mutex taken (tests use it
+        #: to interleave two critical sections without sleeping).
+        self.on_contended: Callable[[str], None] | None = None
         # Commit ids: a random writer id per store, and a counter never reused by it.
         self._writer = secrets.randbits(64)
         self._commits = itertools.count(1)
+
+    # -- namespace identity ------------------------------------------------------------
+    async def claim_namespace(self) -> str:
+        """The namespace id, created if missing (``SET NX``; ``redis/namespace.py``)."""
+        return await claim_namespace(self.redis, self.keyspace)
 
     # -- time and mutexes ------------------------------------------------------------
     async def now_ms(self) -> int:
@@ -161,6 +169,8 @@ class Store:
         deadline = time.monotonic() + self._mutex_wait
         delay = 0.001
         while not await self.redis.set(key, token, nx=True, px=self._mutex_ms):
+            if self.on_contended is not None:
+                self.on_contended(key)
             if time.monotonic() > deadline:
                 raise MutexTimeout(f"{key} stayed locked for {self._mutex_wait}s")
             await anyio.sleep(delay)  # backoff against a lock held in another process
@@ -450,13 +460,9 @@ class Store:
     async def record_subscription(self, stream: str, group: str) -> None:
         await self.redis.sadd(self.keyspace.registry_subscriptions(stream), group)
 
-    async def remove_subscription(self, stream: str, group: str, shards: Iterable[ShardId]) -> None:
-        """Remove ``group`` from ``shards`` (``group_destroy.lua`` per shard: its consumer
-        group, its place in the shard's group set, owner fence and retry records, in one
-        script), then its entry in the stream's subscription registry (an operator's
-        unsubscribe). Shards already gone are skipped."""
-        for shard in shards:
-            await provision.destroy_group(self.scripts, self.keyspace, shard, group)
+    async def remove_subscription(self, stream: str, group: str) -> None:
+        """Take ``group`` off the stream's subscription registry (unsubscribe, after its
+        consumer groups are gone from every shard: ``provision.destroy_group``)."""
         await self.redis.srem(self.keyspace.registry_subscriptions(stream), group)
 
     async def write_fences(

@@ -1,11 +1,14 @@
 """Streams: creation, live scaling, routing and their description (PROTOCOL §5, §6).
 
 A stream is created in its critical section: its shard keys (with a consumer group
-for every group already registered on it) first, then its metadata by
-compare-and-set. Shard keys found without metadata are evidence that the stream
-existed and its metadata was lost (E21), unless they are exactly what a creation of
-the same layout provisions and never received an entry (a replica died between the
-two steps, E2). Scaling is ``resharding.py``'s.
+for every group already registered on it, including groups whose members joined
+before the stream existed) first, then its metadata by compare-and-set, then the
+shards' group sets are confirmed from the registry read again (a group registered
+in between is listed, so nothing is trimmed before its consumer group exists).
+Shard keys found without metadata are evidence that the stream existed and its
+metadata was lost (E21), unless they are exactly what a creation of the same layout
+provisions and never received an entry (a replica died between the two steps, E2).
+Scaling is ``resharding.py``'s.
 """
 
 from __future__ import annotations
@@ -88,9 +91,17 @@ class Streams:
             meta = new_stream(name, shards, now)
             groups = sorted(await self.store.subscribed_groups(name))
             ids = [ShardId.parse(s) for s in meta.shard_ids()]
-            await provision.create_shards(self.store.scripts, self.keyspace, ids, groups)
+            # Provisional, as in a scale-out: a member joining right now may record its
+            # group's subscription after the read above and load no stream yet; nothing
+            # is trimmed on the shards until the registry, read again after the commit,
+            # is written into their group sets.
+            await provision.create_shards(
+                self.store.scripts, self.keyspace, ids, groups, provisional=True
+            )
             if await self.store.commit_stream(rev, meta) is None:
                 raise Conflict(f"stream {name!r} was created concurrently; retry")
+            after = sorted(await self.store.subscribed_groups(name))
+            await provision.record_shard_groups(self.store.scripts, self.keyspace, ids, after)
             log.info("created stream %s with %d shards", name, shards)
             return self.describe(meta, created=True)
 
@@ -135,6 +146,7 @@ class Streams:
                 for s in routable
             ],
             lease_ms=self.routing_lease_ms,
+            namespace_id=self.replica.namespace_id,
         )
 
     async def info(self, name: str) -> StreamInfo:

@@ -144,6 +144,10 @@ class HeartbeatResponse(_Model):
     heartbeat_interval_ms: int
     lease_ttl_ms: int
     key_prefix: str
+    # The coordinator's namespace id: the member checks its own Redis holds the same
+    # (``streamworks.redis.namespace``). Optional only so a missing one is reported
+    # as such rather than as a malformed answer.
+    namespace_id: str | None = None
 
 
 class RoutingShard(_Model):
@@ -160,6 +164,7 @@ class RoutingResponse(_Model):
     shard_count: int
     shards: list[RoutingShard]
     lease_ms: int
+    namespace_id: str | None = None  # as in HeartbeatResponse
 
 
 class StreamCreateRequest(_Request):

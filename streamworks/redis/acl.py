@@ -7,8 +7,9 @@ so every command a role's Lua scripts use is listed.
 
 * **worker** — reads, acks, retries and dead-letters on shard keys; its idempotency
   records; never creates a key with ``MKSTREAM``, never deletes a shard, never
-  writes an owner fence or control-plane key.
-* **producer** — ``XADD`` (and the dedup script) on shard keys only.
+  writes an owner fence or control-plane key (it only reads the namespace id).
+* **producer** — ``XADD`` (and the dedup script) on shard keys only, and a read of
+  the namespace id.
 * **coordinator** — the control-plane keys, plus what it needs on shard keys: create
   them (``XGROUP CREATE … MKSTREAM``), write owner fences, read consumer-group
   positions (``XINFO``/``XLEN``), and retire a drained shard (``retire.lua``, which
@@ -49,15 +50,23 @@ def _rules(role: Role, prefix: str) -> list[str]:
             "+exists", "+get", "+xreadgroup", "+xrevrange", "+xautoclaim", "+xpending",
             "+xinfo|consumers", "+xinfo|groups", "+xgroup|delconsumer", "+xtrim",
             "+xread", "+xack", "+xadd",
-            "+hget", "+hset", "+hdel",  # retry records
+            "+hget", "+hset", "+hdel", "+hincrby",  # retry records (fenced in scripts)
             f"(~{keys.shard_groups_pattern()} +smembers)",  # groups that must exist (trim.lua)
             dedup,  # idempotent publish from a handler
-            f"(~{keys.dead_letters_pattern()} +xadd)",  # dead letters
+            # dead letters, written at most once (dead_letter.lua: the script call needs
+            # both keys in one selector, its commands each their own)
+            f"(~{keys.dead_letters_pattern()} +xadd)",
+            f"(~{keys.dead_letter_marker_pattern()} +get +set)",
+            f"(~{keys.dead_letters_pattern()} ~{keys.dead_letter_marker_pattern()} +evalsha +eval)",
             f"(~{keys.redelivery_pattern()} +xdel)",  # replayed dead letters, once acked
             f"(~{keys.idempotency_pattern()} +set +get +del +pexpire)",  # idempotency store
+            f"(~{keys.namespace()} +get)",  # namespace identity check
         ]  # fmt: skip
     if role == "producer":
-        return [shard, *_CONNECTION, *_SCRIPTS, "+xadd", "+get", dedup]
+        return [
+            shard, *_CONNECTION, *_SCRIPTS, "+xadd", "+get", dedup,
+            f"(~{keys.namespace()} +get)",  # namespace identity check
+        ]  # fmt: skip
     return [
         f"~{keys.control_pattern()}",
         shard,

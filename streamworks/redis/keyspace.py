@@ -102,6 +102,15 @@ class Keyspace:
         """Dead-letter stream of ``group`` for messages of ``stream``."""
         return f"{self.prefix}:dlq:{{{group}:{stream}}}"
 
+    def dead_letter_marker(self, group: str, stream: str, source: str, entry_id: str) -> str:
+        """Marker that entry ``entry_id`` of the key ``source`` (the shard stream or a
+        redelivery stream it was read from) has been dead-lettered by ``group`` (it
+        holds the dead-letter entry's id). In the dead-letter stream's slot (the first
+        hash tag decides; ``source``'s own tag comes after it), so writing the entry at
+        most once is one script (``dead_letter.lua``). Its own family (not under
+        ``dlq:``), so a scan for dead-letter streams never meets one."""
+        return f"{self.prefix}:dlq-written:{{{group}:{stream}}}:{source}:{entry_id}"
+
     def idempotency(self, group: str, key: str) -> str:
         """Default idempotency store record for a handler's idempotency key."""
         return f"{self.prefix}:idem:{group}:{key}"
@@ -138,12 +147,18 @@ class Keyspace:
         return f"{self.control_tag}:registry:groups"
 
     def registry_subscriptions(self, stream: str) -> str:
-        """Groups that have a Redis consumer group on every shard of ``stream``."""
+        """Groups subscribed to ``stream``: each has (or is about to get) a consumer group
+        on every shard of it, and every shard created later is created with them."""
         return f"{self.control_tag}:registry:subscriptions:{stream}"
 
     def epoch_floor(self) -> str:
         """Highest epoch ever issued in the namespace (keeps epochs monotonic, E19)."""
         return f"{self.control_tag}:epoch-floor"
+
+    def namespace(self) -> str:
+        """The namespace id, written once by the coordinator and checked by every
+        worker and producer in its own Redis (``streamworks.redis.namespace``)."""
+        return f"{self.control_tag}:namespace"
 
     def status(self) -> str:
         """Monitoring projection (never read back as truth)."""
@@ -172,6 +187,10 @@ class Keyspace:
     def dead_letters_pattern(self) -> str:
         """Every dead-letter stream of the namespace (:meth:`dead_letters`)."""
         return f"{self.prefix}:dlq:*"
+
+    def dead_letter_marker_pattern(self) -> str:
+        """Every dead-letter marker of the namespace (:meth:`dead_letter_marker`)."""
+        return f"{self.prefix}:dlq-written:*"
 
     def idempotency_pattern(self) -> str:
         """Every default idempotency record (:meth:`idempotency`)."""

@@ -24,6 +24,7 @@ __all__ = ("SCRIPT_NAMES", "Scripts", "load_script")
 #: Every script shipped with streamworks (file name without ``.lua``).
 SCRIPT_NAMES = (
     "claim",
+    "dead_letter",
     "fence",
     "group_commit",
     "group_create",
@@ -35,6 +36,7 @@ SCRIPT_NAMES = (
     "read",
     "redeliver",
     "retire",
+    "retry_record",
     "shard_create",
     "shard_groups",
     "stream_commit",
@@ -52,6 +54,7 @@ class Scripts:
     """The scripts, registered on one redis-py asyncio client."""
 
     claim: AsyncScript
+    dead_letter: AsyncScript
     fence: AsyncScript
     group_commit: AsyncScript
     group_create: AsyncScript
@@ -63,6 +66,7 @@ class Scripts:
     read: AsyncScript
     redeliver: AsyncScript
     retire: AsyncScript
+    retry_record: AsyncScript
     shard_create: AsyncScript
     shard_groups: AsyncScript
     stream_commit: AsyncScript

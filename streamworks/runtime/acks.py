@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
@@ -23,6 +24,7 @@ from streamworks.redis.wire import run_batch
 
 if TYPE_CHECKING:
     from streamworks.runtime.message import Message
+    from streamworks.runtime.metrics import FastHistogram
     from streamworks.runtime.reader import ShardReader
 
 __all__ = ("Acker",)
@@ -42,6 +44,7 @@ class Acker:
         self._retried: dict[ShardReader, list[bytes]] = {}
         self._wakeup: asyncio.Future[None] | None = None
         self.acked = 0
+        self.flush_seconds: FastHistogram | None = None  # the worker's metrics
 
     def ack(self, message: Message) -> None:
         """Queue ``message`` for acknowledgement (after its handler succeeded)."""
@@ -87,8 +90,11 @@ class Acker:
                 if retried:
                     commands.append(["HDEL", reader.retry_key, *retried])
             failed = False
+            started = time.perf_counter()
             try:
                 replies = await run_batch(self._redis, commands)
+                if self.flush_seconds is not None:
+                    self.flush_seconds.observe(time.perf_counter() - started)
                 errors = [r for r in replies if isinstance(r, Exception)]
                 if errors:
                     raise errors[0]

@@ -16,6 +16,7 @@ from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.namespace import NamespaceCheck
 from streamworks.redis.scripts import Scripts
 from streamworks.runtime.leased_routing import LeasedRouting
 from streamworks.runtime.producer import Producer
@@ -105,7 +106,8 @@ async def open_connection(
         scripts = Scripts(client)
         leased: LeasedRouting | None = None
         if routing is None:
-            routing = leased = LeasedRouting(coordinator, clock=clock)
+            check = NamespaceCheck(client, keyspace, settings.redis_url)
+            routing = leased = LeasedRouting(coordinator, clock=clock, namespace=check)
         if ensure_streams:
             for spec in app.streams.values():
                 await _ensure_stream(coordinator, spec.name, spec.shards, ensure_timeout)

@@ -13,7 +13,8 @@ dispatcher gives it a turn:
    dead-lettered (``crashed``) instead of looping forever;
 4. idempotency — with ``idempotency_key=``, a key already completed means a
    duplicate: ack without calling the handler (E23);
-5. the handler — async in place, sync in a worker thread; ``Skip`` acks;
+5. the handler — async in place, sync in a worker thread, inside the app's
+   middleware if it has any (``streamworks/middleware.py``); ``Skip`` acks;
    ``Retry``, any exception (even ``SystemExit`` or a ``CancelledError`` the handler
    raised itself) and timeouts count as failed attempts — a handler cannot take the
    worker down;
@@ -29,15 +30,26 @@ import functools
 import inspect
 import logging
 import math
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from redis.exceptions import RedisError
 
 from streamworks.exceptions import DecodeError, Retry, Skip
+from streamworks.middleware import HandlingChain
+from streamworks.runtime.dead_letter import (
+    DeadLetters,
+    Written,
+    fenced_count_run,
+    fenced_retry_record,
+    original_fields,
+)
 from streamworks.runtime.dispatcher import Dispatcher, Outcome
+from streamworks.runtime.failures import TracebackLog, traceback_text
 from streamworks.runtime.handler import HandlerSpec, bind_arguments
 from streamworks.runtime.message import Context, Message
+from streamworks.runtime.ownership import RunCancelled
 
 if TYPE_CHECKING:
     from streamworks.app import App
@@ -122,9 +134,13 @@ class HandlerRuntime:
         self.acker = acker
         self.idempotency = idempotency
         self.statistics = HandlerStatistics()
-        self.dead_letter_key = worker.keyspace.dead_letters(worker.group, spec.stream)
+        self._letters = DeadLetters(worker.scripts, worker.keyspace, worker.group, spec.stream)
+        self.dead_letter_key = self._letters.key
+        # The app's middleware around this handler (None without any: the plain path).
+        self._middleware = HandlingChain.build(self.app.middleware, self._call)
         simple = (
-            self.plan.is_async
+            self._middleware is None
+            and self.plan.is_async
             and spec.timeout is None
             and spec.idempotency_key is None
             and not self.plan.wants_context
@@ -141,6 +157,11 @@ class HandlerRuntime:
         self._limiter = anyio.CapacityLimiter(spec.concurrency)
         self._claim_ttl = worker.settings.worker.idempotency_claim_ttl
         self._lease = worker.lease
+        self._duration = worker.metrics.handler_histogram(spec.stream)
+        self._tracebacks = TracebackLog(
+            worker.group, spec.name, worker.settings.worker.traceback_interval
+        )
+        self._runs = worker.runs
         self._logger = logging.LoggerAdapter(
             logging.getLogger("streamworks.app"), {"group": worker.group, "stream": spec.stream}
         )
@@ -162,6 +183,8 @@ class HandlerRuntime:
             # paused): never start it; it stays pending for the shard's owner.
             self._dropped(message)
             return None
+        if message._dead_letter is not None:  # its final failure is recorded: finish it
+            return await self._settle_dead_letter(message, await self._letters.resume(message))
         if message._error is not None:
             return await self._dead_letter(message, "poison", message._error)
         if message._claimed and await self._count_run(message):
@@ -174,10 +197,18 @@ class HandlerRuntime:
             except DecodeError as e:
                 return await self._dead_letter(message, "poison", str(e))
         try:
-            result = await self._invoke(value, message)
+            started = _perf_counter()
+            try:
+                with self._runs.run(message.shard):
+                    result = await self._invoke(value, message)
+            finally:
+                self._duration.observe(_perf_counter() - started)
             if result is not None and inspect.isawaitable(result):
                 _discard(result)
                 raise TypeError("the handler returned an awaitable it did not await")
+        except RunCancelled:
+            self._dropped(message)  # ownership ended: it stays pending for the next owner
+            return None
         except Skip:
             self.statistics.skipped += 1
         except Retry as signal:
@@ -198,6 +229,8 @@ class HandlerRuntime:
         if not reader.accepting or not self._lease.valid():
             self._dropped(message)  # revoked/lease lost while queued: leave it pending
             return None
+        if message._dead_letter is not None:  # its final failure is recorded: finish it
+            return await self._settle_dead_letter(message, await self._letters.resume(message))
         if message._error is not None:
             return await self._dead_letter(message, "poison", message._error)
         if message._claimed and await self._count_run(message):
@@ -210,7 +243,7 @@ class HandlerRuntime:
             except DecodeError as e:
                 return await self._dead_letter(message, "poison", str(e))
         context: Context | None = None
-        if plan.wants_context or self.spec.idempotency_key is not None:
+        if plan.wants_context or self.spec.idempotency_key is not None or self._middleware:
             context = Context(self.app, message, self._logger, self.worker.member_id)
         idem_key: str | None = None
         if self.spec.idempotency_key is not None:
@@ -228,7 +261,20 @@ class HandlerRuntime:
                 if outcome is not _CLAIMED:
                     return outcome  # type: ignore[return-value]
         try:
-            await self._call(value, message, context)
+            started = _perf_counter()
+            try:
+                with self._runs.run(message.shard, cancellable=self.plan.is_async):
+                    if self._middleware is None:
+                        await self._call(value, message, context)
+                    else:
+                        assert context is not None
+                        await self._middleware.run(context, value)
+            finally:
+                self._duration.observe(_perf_counter() - started)
+        except RunCancelled:
+            await self._release(idem_key)
+            self._dropped(message)  # ownership ended: it stays pending for the next owner
+            return None
         except Skip:
             self.statistics.skipped += 1
         except Retry as signal:
@@ -266,7 +312,8 @@ class HandlerRuntime:
                     _discard(result)
                     raise TypeError("the handler returned an awaitable it did not await")
                 return
-            call = functools.partial(fn, *args)
+            # Counted as a run while the thread runs it, even once abandoned.
+            call = self._runs.in_thread(message.shard, functools.partial(fn, *args))
             with anyio.fail_after(timeout) if timeout is not None else _NO_TIMEOUT:
                 # A thread cannot be cancelled: after a timeout it is abandoned (it may
                 # still finish later) and the attempt counts as failed.
@@ -288,12 +335,14 @@ class HandlerRuntime:
         assert reader is not None
         message._claimed = False
         try:
-            runs = int(
-                await self.worker.redis.hincrby(reader.retry_key, message._rid + b":runs", 1)
-            )
+            counted = await fenced_count_run(self.worker.scripts, reader, message._rid + b":runs")
         except RedisError as e:
             log.warning("could not count the run of %s: %s", message.id, e)
             return False
+        if counted is None:  # the shard has another owner now: not ours to run
+            self._dropped(message)
+            return True
+        runs = counted
         message._retry_record = True
         # The first delivery's run may or may not have started, so it is not counted:
         # a message that kills its worker every time gets max_attempts runs after it.
@@ -349,6 +398,7 @@ class HandlerRuntime:
         failures = message._failures + 1
         message._failures = failures
         policy = self.spec.retry
+        logged = exception is not None and self._tracebacks.failed(message, exception, failures)
         if exception is not None and not isinstance(exception, Exception):
             log.error(
                 "handler of %s raised %s (not an Exception) on %s %s: counted as a failed "
@@ -359,7 +409,7 @@ class HandlerRuntime:
                 message.id,
             )
         if failures >= policy.max_attempts:
-            return await self._dead_letter(message, "max_attempts", error)
+            return await self._dead_letter(message, "max_attempts", error, exception)
         if delay is not None and math.isinf(delay):
             # Retry(delay=inf) would park the message for ever: a handler bug, so the
             # policy's backoff applies and the log says why.
@@ -373,36 +423,36 @@ class HandlerRuntime:
         reader = message._reader
         assert reader is not None
         try:
-            # Persisted so the attempt count and backoff survive this member's crash.
-            await self.worker.redis.hset(reader.retry_key, message._rid, f"{failures}:{due_ms}")
+            # Persisted so the attempt count and backoff survive this member's crash;
+            # only by the shard's owner (fenced).
+            record = f"{failures}:{due_ms}"
+            if not await fenced_retry_record(self.worker.scripts, reader, message._rid, record):
+                self._dropped(message)  # the shard has another owner now
+                return None
             message._retry_record = True
         except RedisError as e:
             log.warning("could not persist retry record of %s: %s", message.id, e)
         stats.retried += 1
         log.info(
-            "%s %s failed (attempt %d/%d): %s; retry in %.2fs",
+            "%s %s failed (attempt %d/%d): %s; retry in %.2fs%s",
             message.shard,
             message.id,
             failures,
             policy.max_attempts,
             _clip(error, 500),
             wait,
+            " (traceback suppressed)" if exception is not None and not logged else "",
         )
         return self._clock.monotonic() + wait
 
-    async def _dead_letter(self, message: Message, reason: str, error: str) -> Outcome:
-        """Write the message to the group's dead-letter stream, then ack it."""
+    async def _dead_letter(
+        self, message: Message, reason: str, error: str, exception: BaseException | None = None
+    ) -> Outcome:
+        """Write the message to the group's dead-letter stream, then ack it (with the
+        traceback of ``exception``, the last attempt's, when there is one)."""
         reader = message._reader
         assert reader is not None
-        fields: dict[str | bytes, Any] = {}
-        raw = message._fields
-        if isinstance(raw, list):
-            for i in range(0, len(raw) - 1, 2):
-                name = raw[i]
-                value = raw[i + 1]
-                fields[b"o." + (name if isinstance(name, bytes) else str(name).encode())] = (
-                    value if isinstance(value, bytes) else str(value).encode()
-                )
+        fields = original_fields(message._fields)
         text = error[:_MAX_ERROR]  # a hard cap on the entry's size
         fields.update(
             {
@@ -419,22 +469,40 @@ class HandlerRuntime:
                 "failed_at": str(self._clock.time_ms()),
             }
         )
-        try:
-            await self.worker.redis.xadd(self.dead_letter_key, fields)
-        except RedisError as e:
-            log.warning("dead-letter write of %s failed (%s); will retry", message.id, e)
+        if exception is not None:
+            fields["traceback"] = traceback_text(exception)  # at most 8 KB (failures.py)
+        return await self._settle_dead_letter(message, await self._letters.write(message, fields))
+
+    async def _settle_dead_letter(self, message: Message, written: Written) -> Outcome:
+        """Ack a dead-lettered message (``dead_letter.py`` wrote its entry, now or
+        before); drop one whose shard moved on; try again after Redis trouble."""
+        if written is Written.FENCED:
+            self._dropped(message)  # the next owner dead-letters it (or has)
+            return None
+        if written is Written.FAILED:
             return self._clock.monotonic() + _INFRA_RETRY
-        self.statistics.dead_lettered += 1
-        if reason == "poison":
-            self.statistics.poison += 1
-        log.warning(
-            "dead-lettered %s %s (%s): %s", message.shard, message.id, reason, _clip(error, 200)
-        )
+        recorded = message._dead_letter or {}
+        reason = recorded.get("reason", "")
+        if written is Written.NOW:
+            self.statistics.dead_lettered += 1
+            if reason == "poison":
+                self.statistics.poison += 1
+            log.warning(
+                "dead-lettered %s %s (%s): %s",
+                message.shard,
+                message.id,
+                reason,
+                _clip(recorded.get("error", ""), 200),
+            )
+            if self._middleware is not None:
+                await self._middleware.dead_lettered(message, reason, recorded.get("error", ""))
         self.acker.ack(message)
         return None
 
 
 _CLAIMED = object()
+# Durations for the metrics are real elapsed time, not the worker's (movable) clock.
+_perf_counter = perf_counter
 
 
 class _NoTimeout:

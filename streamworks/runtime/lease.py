@@ -1,8 +1,9 @@
-"""The member's local assignment lease (E1).
+"""The member's local assignment lease (E1, SPEC §5 "Exclusive processing").
 
-A member may process its shards only until the send time of its last successful
-heartbeat plus the lease TTL minus a safety margin (monotonic clock), so it stops
-before the coordinator can hand its shards to someone else.
+A member may *start* handler runs on its shards only until a deadline counted from
+the send time of its last successful heartbeat (monotonic clock), and every run must
+have ended before the coordinator can expire it and hand its shards to someone else:
+``deadlines.py`` has the arithmetic, ``ownership.py`` enforces it.
 """
 
 from __future__ import annotations
@@ -10,50 +11,95 @@ from __future__ import annotations
 import asyncio
 
 from streamworks.clock import Clock
+from streamworks.runtime.deadlines import Deadlines
 
 __all__ = ("Lease",)
 
 
 class Lease:
-    """A deadline on the monotonic clock, renewed by the assignment source."""
+    """The deadlines of the current lease, renewed by the assignment source.
 
-    def __init__(self, deadline: float = 0.0, clock: Clock | None = None) -> None:
+    Args:
+        deadline: the initial start-work deadline (0: not valid until renewed).
+        clock: the monotonic clock the deadlines are on.
+        grace: ``worker.lease_grace``: how long before the cancel point no new run
+            starts (and how long a hand-set lease lets runs go on past its deadline);
+            None: ``deadlines.DEFAULT_GRACE`` where it fits.
+        drift: ``worker.lease_drift``: the clock-rate difference allowed for.
+    """
+
+    def __init__(
+        self,
+        deadline: float = 0.0,
+        clock: Clock | None = None,
+        *,
+        grace: float | None = None,
+        drift: float = 0.01,
+    ) -> None:
         self.clock = clock or Clock()
-        self._deadline = deadline
+        self.grace = grace
+        self.drift = drift
+        self._deadlines = Deadlines.fixed(deadline, grace)
         self._renewed = asyncio.Event()
         self._changed = asyncio.Event()
         self.renewals = 0
         self.losses = 0
+        self.fail_stops = 0
+
+    @property
+    def deadlines(self) -> Deadlines:
+        return self._deadlines
 
     @property
     def deadline(self) -> float:
-        return self._deadline
+        """Until when new runs may start (and shards be read)."""
+        return self._deadlines.start_until
 
     def valid(self) -> bool:
-        return self.clock.monotonic() < self._deadline
+        """Whether new runs may start now."""
+        return self.clock.monotonic() < self._deadlines.start_until
+
+    def held(self) -> bool:
+        """Whether the lease has not expired yet (the coordinator cannot have moved the
+        shards): a run ending now may still settle its message."""
+        return self.clock.monotonic() < self._deadlines.expires_at
 
     def remaining(self) -> float:
-        """Seconds until the deadline (negative once passed)."""
-        return self._deadline - self.clock.monotonic()
+        """Seconds until the start-work deadline (negative once passed)."""
+        return self._deadlines.start_until - self.clock.monotonic()
 
     def renew(self, deadline: float) -> None:
-        """Extend (or shorten) the lease to ``deadline`` (on :attr:`clock`)."""
-        self._deadline = deadline
+        """Set a hand-made lease: start work until ``deadline`` (on :attr:`clock`),
+        cancel running async handlers ``grace`` later, never fail-stop."""
+        self._set(Deadlines.fixed(deadline, self.grace))
+
+    def renew_after_heartbeat(self, sent: float, ttl: float, margin: float) -> None:
+        """Renew from a successful heartbeat sent at ``sent`` that granted a lease of
+        ``ttl`` seconds (``margin``: one heartbeat interval)."""
+        self._set(
+            Deadlines.after_heartbeat(sent, ttl, margin=margin, grace=self.grace, drift=self.drift)
+        )
+
+    def _set(self, deadlines: Deadlines) -> None:
+        self._deadlines = deadlines
         self.renewals += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
+        self._signal()
         if self.valid():
             self._renewed.set()
 
     def expire(self) -> None:
-        """End the lease now (e.g. the member was fenced)."""
-        self._deadline = 0.0
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """End the lease now (the member was fenced or is unknown): nothing starts,
+        running async handlers are cancelled, and the old lease's fail-stop point
+        stays (the coordinator may hand the shards on when that lease expires)."""
+        self._deadlines = self._deadlines.ended(self.clock.monotonic())
+        self._signal()
 
     def recheck(self) -> None:
         """Wake whoever waits on this lease to look at the clock again (the clock was
         moved, e.g. ``TestRuntime.advance``)."""
+        self._signal()
+
+    def _signal(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 import logging
 
 import anyio
+from redis.exceptions import RedisError
 
 from streamworks.clock import Clock
 from streamworks.exceptions import (
     CoordinatorError,
+    NamespaceMismatchError,
     PublishError,
     RoutingUnavailableError,
 )
 from streamworks.protocol.shards import ShardId
 from streamworks.protocol.transport import CoordinatorTransport
+from streamworks.redis.namespace import NamespaceCheck, where
 from streamworks.runtime.routing import RoutingTable, ShardRoute
 
 __all__ = ("LeasedRouting",)
@@ -34,6 +37,8 @@ class LeasedRouting:
     Args:
         client: the transport to the coordinator (HTTP or in-process).
         refresh_at: fraction of the lease after which a background refresh starts.
+        namespace: checks every fetched table's namespace id against this process's
+            Redis (``redis/namespace.py``); a mismatch raises ``NamespaceMismatchError``.
     """
 
     def __init__(
@@ -42,8 +47,10 @@ class LeasedRouting:
         *,
         refresh_at: float = 0.5,
         clock: Clock | None = None,
+        namespace: NamespaceCheck | None = None,
     ) -> None:
         self.client = client
+        self.namespace = namespace
         self.clock = clock or Clock()
         self._tables: dict[str, RoutingTable] = {}
         self._refresh_due: dict[str, float] = {}
@@ -71,6 +78,11 @@ class LeasedRouting:
                     # Keep the cached table while it is valid; retry soon.
                     log.warning("routing refresh of %r failed: %s", stream, e)
                     self._refresh_due[stream] = self.clock.monotonic() + 1.0
+                except NamespaceMismatchError as e:
+                    # Never publish on it again: the next publish fetches and raises.
+                    log.error("%s", e)
+                    self._tables.pop(stream, None)
+                    self._refresh_due.pop(stream, None)
             upcoming = min(self._refresh_due.values(), default=now + 1.0)
             with self.clock.move_on_after(max(0.01, min(1.0, upcoming - self.clock.monotonic()))):
                 await self._added.wait()
@@ -94,6 +106,8 @@ class LeasedRouting:
                 raise RoutingUnavailableError(
                     f"no valid routing for stream {stream!r} (lease expired or never fetched): {e}"
                 ) from e
+            if self.namespace is not None:
+                await self._check(response.namespace_id)
             self.fetches += 1
             lease = response.lease_ms / 1000
             table = RoutingTable(
@@ -108,3 +122,10 @@ class LeasedRouting:
             self._refresh_due[stream] = asked + lease * self._refresh_at
             self._added.set()
             return table
+
+    async def _check(self, namespace_id: str | None) -> None:
+        assert self.namespace is not None
+        try:
+            await self.namespace.verify(namespace_id, coordinator=where(self.client))
+        except RedisError as e:
+            raise RoutingUnavailableError(f"namespace check failed: {e}") from e

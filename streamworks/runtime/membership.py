@@ -8,14 +8,19 @@ applies the answer:
 * ``revoke`` — DRAIN: stop reading, finish and ack in-flight work, report drained.
   A revoking shard is never read again on that grant, whatever happens to later
   heartbeats (E7);
-* ``FENCED`` / ``UNKNOWN_MEMBER`` — drop every shard (in-flight work finishes, nothing
-  is acked twice) and rejoin at once with epoch 0 and the same member id.
+* ``FENCED`` / ``UNKNOWN_MEMBER`` — drop every shard at once (running async handlers
+  are cancelled, their entries stay pending), wait until every run has ended (a sync
+  run that outlives the old lease's fail-stop point exits the process), and only then
+  rejoin with epoch 0 and the same member id: the rejoin renews the lease, and no run
+  started under the old one may still be going then (SPEC §5 "Exclusive processing").
 
-The local lease (E1): after a successful heartbeat sent at ``t`` the member may read
-until ``t + leaseTtl - margin`` (monotonic clock, margin = one heartbeat interval),
-so it stops before the coordinator can expire it and move its shards. When the
-coordinator cannot be reached, the member keeps retrying; when the lease runs out it
-stops reading (the worker's lease watchdog), and reads again only on a new answer.
+The local lease (E1): after a successful heartbeat sent at ``t`` the member starts
+runs only until ``t + leaseTtl x (1 - drift) - margin - grace`` and cancels or
+fail-stops whatever still runs before ``t + leaseTtl x (1 - drift)`` (monotonic clock,
+margin = one heartbeat interval; ``deadlines.py``), so every run has ended before the
+coordinator can expire it and move its shards. When the coordinator cannot be
+reached, the member keeps retrying; when the lease runs out it stops reading (the
+worker's lease watchdog), and reads again only on a new answer.
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
+from redis.exceptions import RedisError
 
-from streamworks.exceptions import CoordinatorError
+from streamworks.exceptions import CoordinatorError, NamespaceMismatchError
 from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
 from streamworks.protocol.shards import ShardId
 from streamworks.protocol.transport import CoordinatorTransport
+from streamworks.redis.namespace import NamespaceCheck, where
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -61,6 +68,7 @@ class CoordinatorAssignment:
         self.last_response: HeartbeatResponse | None = None
         self._interval = settings.heartbeat_interval
         self._full = True  # next request carries subscriptions and owned shards in full
+        self._namespace: tuple[str | None, frozenset[str]] | None = None  # last verified
 
     def _request(self, worker: Worker, epoch: int) -> HeartbeatRequest:
         joining = epoch == 0
@@ -116,20 +124,67 @@ class CoordinatorAssignment:
             self.failures = 0
             self.heartbeats += 1
             self.last_response = response
-            self._apply(worker, response, sent)
+            if await self._check_namespace(worker, response):
+                self._apply(worker, response, sent)
             if self.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
-                continue  # rejoin at once
+                # The join would renew the lease: rejoin only once no run started
+                # under the old one is still going (the watchdog fail-stops one that
+                # outlives it).
+                if worker.runs.count():
+                    log.warning(
+                        "member %s: waiting for %d handler runs to end before rejoining",
+                        worker.member_id[:8],
+                        worker.runs.count(),
+                    )
+                    await worker.runs.wait_ended()
+                continue
             with anyio.move_on_after(self._interval):
                 if self.status is HeartbeatStatus.SYNC_METADATA:
                     continue
                 await worker.wait_changed()  # a drain finished: report it promptly
+
+    async def _check_namespace(self, worker: Worker, response: HeartbeatResponse) -> bool:
+        """On joining, and whenever a shard is granted that the last answer did not
+        grant: does this worker's Redis hold the coordinator's namespace id? If not,
+        stop reading and raise ``NamespaceMismatchError`` (``redis/namespace.py``):
+        reading nothing while looking healthy is worse. False: this Redis could not
+        be asked, so the answer is not applied (the lease is not renewed on it)."""
+        if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+            return True  # grants nothing
+        granted = frozenset(g.shard for g in response.assigned)
+        last = self._namespace
+        if last is not None and last[0] == response.namespace_id and granted <= last[1]:
+            self._namespace = (last[0], granted)
+            return True
+        check = NamespaceCheck(worker.redis, worker.keyspace, self.settings.redis_url)
+        try:
+            await check.verify(
+                response.namespace_id,
+                coordinator=where(self.client),
+                coordinator_prefix=response.key_prefix,
+            )
+        except NamespaceMismatchError as e:
+            worker.lease.expire()
+            worker.drop_shards()
+            log.error("%s", e)
+            # Leave, so the coordinator does not wait a lease for this member's shards.
+            self.epoch = response.member_epoch
+            with anyio.move_on_after(5, shield=True):
+                await self.leave(worker)
+            self.epoch = 0
+            raise
+        except (RedisError, OSError) as e:
+            log.warning("namespace check failed (%s): answer not applied", e)
+            return False
+        self._namespace = (response.namespace_id, granted)
+        return True
 
     def _apply(self, worker: Worker, response: HeartbeatResponse, sent: float) -> None:
         self.status = response.status
         self._interval = response.heartbeat_interval_ms / 1000
         if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
             log.warning(
-                "member %s %s: dropping all shards and rejoining",
+                "member %s %s: dropping all shards (cancelling their runs) and rejoining",
                 worker.member_id[:8],
                 response.status,
             )
@@ -150,7 +205,7 @@ class CoordinatorAssignment:
         self._full = response.status is HeartbeatStatus.SYNC_METADATA
         ttl = response.lease_ttl_ms / 1000
         margin = max(self._interval, self.settings.heartbeat_interval)
-        worker.lease.renew(sent + ttl - margin)
+        worker.lease.renew_after_heartbeat(sent, ttl, margin)
         grants = {
             ShardId.parse(g.shard): f"{g.epoch}:{worker.member_id}" for g in response.assigned
         }

@@ -40,9 +40,11 @@ class Message:
 
     __slots__ = (
         "_claimed",
+        "_dead_letter",
         "_error",
         "_failures",
         "_fields",
+        "_grant",
         "_reader",
         "_retry_record",
         "_rid",
@@ -81,9 +83,11 @@ class Message:
         self._failures = 0
         self._claimed = False  # taken over from a pending list (maybe run before)
         self._retry_record = False  # a retry record exists in Redis for this entry
+        self._dead_letter: dict[str, str] | None = None  # a recorded final failure
         self._reader: ShardReader | None = None
         self._fields: list[Any] | None = None  # raw entry fields (kept for the DLQ)
         self._error: str | None = None  # set when the entry is poison
+        self._grant = 0  # the grant epoch it was read under (Context.fencing_token)
 
     @classmethod
     def _from_entry(
@@ -107,6 +111,8 @@ class Message:
         message._failures = 0
         message._claimed = False
         message._retry_record = False
+        message._grant = _grant_epoch(reader.token)
+        message._dead_letter = None
         try:
             (
                 message.payload,
@@ -138,10 +144,31 @@ class Message:
         return f"Message(shard={self.shard!r}, id={self.id!r}, key={self.key!r})"
 
 
-class Context:
-    """Per-message context: the message, its idempotency key, a logger, and publishing."""
+def _grant_epoch(token: str) -> int:
+    """The epoch of a grant token ``"<epoch>:<member id>"`` (0 if it has none)."""
+    head, _, _ = token.partition(":")
+    try:
+        return int(head)
+    except ValueError:
+        return 0
 
-    __slots__ = ("app", "idempotency_key", "logger", "member_id", "message")
+
+class Context:
+    """Per-message context: the message, its idempotency key, a logger, and publishing.
+
+    Attributes:
+        value: the decoded value the handler receives (None when it takes none);
+            set when the app has middleware, which may replace it.
+        fencing_token: the epoch of the grant under which this member read the message
+            (an int). Tokens only grow per (group, shard): a shard changes owner only
+            with a strictly higher grant epoch, and the owner fence in Redis refuses
+            a lower one. A handler whose side effects must not be applied by a member
+            that lost the shard (e.g. one paused by SIGSTOP that resumes its run) can
+            store the highest token seen per shard next to its data and refuse a write
+            with a lower one (``docs/guarantees.md``).
+    """
+
+    __slots__ = ("app", "idempotency_key", "logger", "member_id", "message", "value")
 
     def __init__(
         self,
@@ -155,6 +182,12 @@ class Context:
         self.logger = logger
         self.member_id = member_id  # the worker (group member) handling the message
         self.idempotency_key: str | None = None
+        self.value: Any = None
+
+    @property
+    def fencing_token(self) -> int:
+        """The grant epoch the message was read under (see the class docstring)."""
+        return self.message._grant
 
     async def publish(
         self,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -26,6 +27,7 @@ from streamworks.protocol.envelope import MAX_PAYLOAD, encode_fields
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from streamworks.redis.wire import run_batch
+from streamworks.runtime.metrics import PublishMetrics
 from streamworks.runtime.routing import RoutingSource, RoutingTable, ShardRoute
 
 __all__ = ("Producer", "Published", "Record")
@@ -88,6 +90,7 @@ class Producer:
         # stream -> dedup window (ms) for shard-level idempotent publish by event id.
         self._dedup_ms = {k: int(v * 1000) for k, v in (dedup_windows or {}).items() if v}
         self.statistics = ProducerStatistics()
+        self.metrics = PublishMetrics()  # collected by the worker's /metrics
 
     def _fields(self, record: Record, now: str | None = None) -> list[bytes | str]:
         # Refuse here what the consumers would have to dead-letter as poison.
@@ -109,6 +112,7 @@ class Producer:
     async def publish(self, stream: str, record: Record) -> Published:
         """Publish one message; see the module docstring for the path it takes."""
         fields = self._fields(record)
+        started = perf_counter()
         for _ in range(self._max_reroutes):
             table = await self.routing.routing(stream)
             route = table.route(record.key, self._sticky_batch)
@@ -119,6 +123,7 @@ class Producer:
             if result is not None:
                 entry_id, duplicate = result
                 self.statistics.published += 1
+                self.metrics.observe(stream, 1, perf_counter() - started)
                 return Published(stream, str(route.shard), entry_id, table.version, duplicate)
             self._retired(stream, table)
         raise ShardRetiredError(
@@ -133,6 +138,7 @@ class Producer:
         results: list[Published | None] = [None] * len(records)
         todo = list(range(len(records)))
         dedup = self._dedup_ms.get(stream)
+        started = perf_counter()
         for _ in range(self._max_reroutes):
             table = await self.routing.routing(stream)
             routes = [table.route(records[i].key, self._sticky_batch) for i in todo]
@@ -162,6 +168,7 @@ class Producer:
                     )
             self.statistics.published += len(todo) - len(retry)
             if not retry:
+                self.metrics.observe(stream, len(records), perf_counter() - started)
                 return [r for r in results if r is not None]
             self._retired(stream, table)
             todo = retry

@@ -32,6 +32,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.wire import Arg
+from streamworks.runtime.dead_letter import parse_final
 from streamworks.runtime.message import Message
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class ShardReader:
         self._idle.set()
         self._scope: anyio.CancelScope | None = None
         self._errors = 0
+        self._batch_sizes = worker.metrics.batch_histogram(shard.stream)
 
     def __repr__(self) -> str:
         return f"ShardReader({self.shard_name}, token={self.token!r})"
@@ -229,6 +231,7 @@ class ShardReader:
         None), or claimed ones from a takeover round, with their retry records."""
         if not entries:
             return
+        self._batch_sizes.observe(len(entries))
         if not self.worker.lease.valid() or not self.accepting:
             # Arrived after the lease expired (or we were told to stop): not processed;
             # the entries stay pending and the next takeover round claims them.
@@ -325,6 +328,12 @@ def _apply_retry_record(message: Message, record: bytes, now_ms: int, now: float
 
     ``now_ms`` is the clock's wall time (the record's due time is wall time, shared by
     every member), ``now`` its monotonic time (what the dispatcher's parks are on)."""
+    final = parse_final(record)
+    if final is not None:
+        # A recorded final failure (dead_letter.py): the handler is not run again.
+        message._dead_letter = final
+        message._retry_record = True
+        return
     try:
         failures, due_ms = record.split(b":", 1)
         message._failures = int(failures)

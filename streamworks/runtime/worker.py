@@ -7,14 +7,17 @@ per owned shard, one dispatcher per handler, one acker and one trimmer, all in o
 anyio task group, and keeps reading only while its lease is valid.
 
 Shutdown is graceful: stop reading, let in-flight messages finish within
-``shutdown_timeout``, flush acks, then leave the group so the shards move at once.
+``shutdown_timeout``, flush acks, then leave the group so the shards move at once —
+but only once every handler run has ended (async ones are cancelled after the
+timeout; a sync one still running is waited for under the last lease, and one that
+outlives it fail-stops the process without a leave: ``ownership.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -29,6 +32,8 @@ from streamworks.runtime.acks import Acker
 from streamworks.runtime.execution import HandlerRuntime
 from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencyStore
 from streamworks.runtime.lease import Lease
+from streamworks.runtime.metrics import WorkerMetrics
+from streamworks.runtime.ownership import Runs, exit_process, watch_lease
 from streamworks.runtime.reader import ReaderState, ShardReader
 from streamworks.runtime.redelivery import Redelivery
 from streamworks.settings import Settings
@@ -77,8 +82,18 @@ class Worker:
         self.assignment = assignment
         self.member_id = member_id or uuid.uuid4().hex
         self.clock = clock or Clock()
-        self.lease = Lease(clock=self.clock)
+        self.lease = Lease(
+            clock=self.clock,
+            grace=self.settings.worker.lease_grace,
+            drift=self.settings.worker.lease_drift,
+        )
+        # Every handler run, so none outlives the lease (ownership.py).
+        self.runs = Runs(self.lease.valid, self.lease.held)
+        #: Called when a run outlives its lease's fail-stop point; exits the process.
+        self.fail_stop: Callable[[str], None] = exit_process
+        self.metrics = WorkerMetrics(self)  # before the handlers: they bind histograms
         self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)
+        self.acker.flush_seconds = self.metrics.ack_flush
         store: IdempotencyStore = app.idempotency_store or RedisIdempotencyStore(
             redis,
             self.keyspace,
@@ -157,6 +172,16 @@ class Worker:
         # Stop heartbeating before leaving, so no heartbeat races the leave (it would
         # be answered UNKNOWN_MEMBER and rejoin).
         self._assignment_scope.cancel()
+        # Leave only once every run has ended: the leave frees the shards at once.
+        # Async runs are cancelled; sync ones are waited for, under the lease of the
+        # last heartbeat: one that outlives its fail-stop point exits the process (the
+        # watchdog), without a leave, and the lease expires instead (ownership.py).
+        if self.runs.count():
+            self.runs.cancel()
+            log.warning("shutdown: waiting for %d handler runs to end", self.runs.count())
+            await self.runs.wait_ended()
+            with anyio.move_on_after(timeout or 1, shield=True):
+                await self.acker.flush_now()  # what the runs that ended since settled
         with anyio.move_on_after(5, shield=True):
             await self.assignment.leave(self)
         log.info("worker %s stopped", self.member_id)
@@ -213,8 +238,11 @@ class Worker:
         try:
             await reader.run()
         finally:
-            # In-flight messages of a stopped reader still finish and ack.
+            # In-flight messages of a stopped reader still finish and ack, and its
+            # shard counts as ours until every run on it (even an abandoned thread)
+            # has ended: only then is a drain reported.
             await reader.wait_idle()
+            await self.runs.wait_ended([reader.shard_name])
             if self.readers.get(reader.shard) is reader:
                 del self.readers[reader.shard]
             self.revoking.discard(reader.shard)
@@ -237,12 +265,15 @@ class Worker:
     def drop_shards(self, shards: Iterable[ShardId] | None = None) -> None:
         """Stop reading ``shards`` (all when None) at once: fenced or unknown member.
 
-        In-flight work finishes; queued messages stay pending for the next owner.
+        Running async handlers of those shards are cancelled, sync ones finish (their
+        entries stay pending); queued messages stay pending for the next owner.
         """
-        for shard in list(self.readers) if shards is None else shards:
+        dropped = list(self.readers) if shards is None else list(shards)
+        for shard in dropped:
             reader = self.readers.get(shard)
             if reader is not None:
                 reader.stop(ReaderState.STOPPED)
+        self.runs.cancel(None if shards is None else [str(s) for s in dropped])
 
     def reader_stopped(self, reader: ShardReader) -> None:
         """Called by a reader that stopped (drained, fenced, retired, ...)."""
@@ -260,33 +291,10 @@ class Worker:
 
     # -- lease ---------------------------------------------------------------------------
     async def _lease_watchdog(self) -> None:
-        """When the lease runs out: stop handing out queued work at once, let running
-        handlers finish within ``lease_grace``, then cancel them (their entries stay
-        pending). Readers pause on their own and re-run takeover once renewed."""
-        lease = self.lease
-        clock = self.clock
-        grace = self.settings.worker.lease_grace
-        while True:
-            if lease.valid():
-                with clock.move_on_at(lease.deadline):
-                    await lease.wait_changed()
-                continue
-            if not self.readers:
-                await lease.wait_changed()
-                continue
-            lease.losses += 1
-            log.warning("assignment lease expired: pausing %d shards", len(self.readers))
-            for reader in self.readers.values():
-                reader.interrupt_wait()
-            for runtime in self.handlers.values():
-                runtime.dispatcher.discard(lambda m: False)
-            with clock.move_on_after(grace):
-                for runtime in self.handlers.values():
-                    await runtime.dispatcher.wait_quiet()
-            if not lease.valid():
-                for runtime in self.handlers.values():
-                    runtime.dispatcher.cancel_running()
-            await lease.wait_valid()
+        """Enforce the lease's deadlines: stop starting work, cancel running async
+        handlers, fail-stop a run that outlives the lease (``ownership.watch_lease``).
+        Readers pause on their own and re-run takeover once renewed."""
+        await watch_lease(self)
 
     # -- trimming ------------------------------------------------------------------------
     async def _trim_loop(self) -> None:

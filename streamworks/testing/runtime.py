@@ -8,7 +8,9 @@ the workers are production :class:`Worker` objects joined through heartbeats. Ti
 are fast by default (50 ms heartbeats, 1 s leases) and ``advance()`` moves every
 clock forward at once. Every runtime uses its own key prefix, so tests sharing one
 server never see each other's keys. Inside the ``async with`` block the app's
-``publish`` and producers are connected to that Redis and coordinator.
+``publish`` and producers are connected to that Redis and coordinator. The app's
+startup hooks run before the first worker starts, its shutdown hooks after the last
+one stopped (``lifespan=False`` runs neither).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from streamworks.app import App
 from streamworks.clock import Clock
 from streamworks.coordinator.service import CoordinatorService
 from streamworks.exceptions import CoordinatorError
+from streamworks.lifecycle import open_lifespan
 from streamworks.protocol.api import CoordinatorApi
 from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.local import LocalTransport
@@ -62,7 +65,7 @@ def fast_settings(base: Settings | None = None, **overrides: Any) -> Settings:
                 **base.worker.model_dump(),
                 "block": 0.5,
                 "shutdown_timeout": 5.0,
-                "lease_grace": 1.0,
+                "lease_grace": 0.3,
             }
         ),
         "coordinator": CoordinatorSettings(
@@ -201,6 +204,7 @@ class TestRuntime(RuntimeObservations):
             streams, or several coordinator replicas); not cleaned up on exit.
         attach: connect the app's ``publish`` to the runtime (default).
         http: reach the coordinator over real HTTP on 127.0.0.1 instead of in-process.
+        lifespan: run the app's startup and shutdown hooks (default).
     """
 
     __test__ = False  # not a pytest test class
@@ -215,6 +219,7 @@ class TestRuntime(RuntimeObservations):
         key_prefix: str | None = None,
         attach: bool = True,
         http: bool = False,
+        lifespan: bool = True,
     ) -> None:
         self.app = app
         self._n_workers = workers
@@ -225,7 +230,11 @@ class TestRuntime(RuntimeObservations):
         self.keyspace = Keyspace(self.settings.key_prefix)
         self._attach_app = attach
         self._http = http
+        self._run_lifespan = lifespan
+        self._lifespan: Any = None
         self.clock = Clock()
+        #: Fail-stops of in-process workers (reasons): a worker process would have exited.
+        self.fail_stops: list[str] = []
         self._server: EmbeddedRedis | None = None
         self._tg: TaskGroup | None = None
         self._attach: Any = None
@@ -276,6 +285,12 @@ class TestRuntime(RuntimeObservations):
             if self._attach_app:
                 self._attach = self.app.attached(self.connection)
                 await self._attach.__aenter__()
+            if self._run_lifespan:
+                lifespan = open_lifespan(
+                    self.app, shutdown_timeout=self.settings.worker.shutdown_timeout
+                )
+                await lifespan.__aenter__()
+                self._lifespan = lifespan
             for _ in range(self._n_workers):
                 await self.add_worker(wait=False)
             if self._n_workers:
@@ -303,7 +318,7 @@ class TestRuntime(RuntimeObservations):
                         await slot.done.wait()
         except BaseException as e:
             error = e
-        for name in ("_attach", "_connection_cm"):
+        for name in ("_lifespan", "_attach", "_connection_cm"):
             cm = getattr(self, name)
             setattr(self, name, None)
             if cm is not None:
@@ -379,6 +394,9 @@ class TestRuntime(RuntimeObservations):
         assert self.coordinator is not None
         membership = CoordinatorAssignment(self.coordinator, self.settings)
         worker = Worker(self.app, self.redis, membership, settings=self.settings, clock=self.clock)
+        # A run outliving its lease would exit a real worker process; here it would take
+        # the test process with it, so the fail-stop is recorded instead.
+        worker.fail_stop = self.fail_stops.append
         scope = anyio.CancelScope()
         slot = _WorkerSlot(worker, scope)
         self.slots.append(slot)
@@ -394,6 +412,10 @@ class TestRuntime(RuntimeObservations):
         if wait:
             await self.wait_assigned()
         return worker
+
+    async def worker_metrics(self, index: int = 0) -> str:
+        """Worker ``index``'s ``/metrics`` text (Prometheus exposition), without a port."""
+        return (await self.slots[index].worker.metrics.exposition()).decode()
 
     async def kill_worker(self, index: int) -> None:
         """Crash worker ``index``: no drain, no ack flush, no leave. Its shards move when

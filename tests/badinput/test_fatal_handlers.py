@@ -57,6 +57,7 @@ def _worker(rt: TestRuntime, log: Path) -> object:
             "STREAMWORKS_LEASE_TTL": "2",
             "STREAMWORKS_WORKER__BLOCK": "0.5",
             "STREAMWORKS_WORKER__SHUTDOWN_TIMEOUT": "5",
+            "STREAMWORKS_WORKER__HTTP_PORT": "0",  # tests run side by side: any free port
         }
     )
     return spawn(["-m", "streamworks", "worker", "tests.badinput.fatal_app:app"], env, log)

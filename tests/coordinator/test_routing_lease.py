@@ -41,6 +41,10 @@ async def positions(rt: TestRuntime) -> tuple[int, int]:
     return lag, pending
 
 
+async def _drained(rt: TestRuntime) -> bool:
+    return await positions(rt) == (0, 0)
+
+
 @contextlib.asynccontextmanager
 async def producer(rt: TestRuntime, link: CutTransport, clock: Clock) -> AsyncIterator[Connection]:
     """A separate producer process: its own routing cache, through ``link``, on ``clock``."""
@@ -99,6 +103,8 @@ async def test_a_worker_cut_off_from_the_coordinator_reads_only_until_its_lease_
         link.cut = False
         await wait_for(lambda: len(handled) == 15, message="processing to resume")
         assert sorted(handled) == list(range(15))
+        # The acks follow the handlers in the acker's next group commit.
+        await wait_for(lambda: _drained(rt), message="the acks of the resumed messages")
         assert await positions(rt) == (0, 0)
 
 

@@ -150,6 +150,9 @@ class Cluster:
             "STREAMWORKS_REDIS_URL": redis_url,
             "STREAMWORKS_KEY_PREFIX": prefix,
             **FAST_TIMERS,
+            # Several workers per test (and tests side by side): each worker's HTTP
+            # endpoint on a free port of its own, unless a test names one.
+            "STREAMWORKS_WORKER__HTTP_PORT": "0",
         }
         self.coordinators: list[Proc] = []
 

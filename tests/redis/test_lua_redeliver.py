@@ -21,7 +21,12 @@ async def test_adds_the_fields_and_creates_the_group_from_the_start(
 ) -> None:
     sid = shard()
     stream, target = keyspace.stream(sid), keyspace.redelivery(sid, GROUP)
-    assert await scripts.shard_create(keys=[stream], args=[GROUP]) == 1
+    assert (
+        await scripts.shard_create(
+            keys=[stream, keyspace.shard_groups(sid)], args=["sealed", GROUP]
+        )
+        == 1
+    )
     first = await scripts.redeliver(keys=[stream, target], args=[GROUP, "v", "1", "k", "a"])
     second = await scripts.redeliver(keys=[stream, target], args=[GROUP, "v", "2"])
     assert [first[0], second[0]] == [1, 1]

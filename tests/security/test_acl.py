@@ -12,6 +12,7 @@ from redis.exceptions import NoPermissionError
 
 from streamworks import App, Record, RetryPolicy
 from streamworks.coordinator.service import CoordinatorService
+from streamworks.protocol.control import UnsubscribeRequest
 from streamworks.protocol.local import LocalTransport
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.acl import setuser_command
@@ -92,6 +93,15 @@ async def test_each_role_works_with_its_acl_and_only_with_it(acl_server: Any) ->
                 )
                 worker.request_stop()
                 await worker.stopped.wait()
+                # Unsubscribing (the group's consumer groups destroyed on every shard,
+                # the registry entry removed) runs with the coordinator's ACL.
+                await service.unsubscribe(
+                    UnsubscribeRequest(group="billing", stream="orders", confirm=True)
+                )
+                [remaining] = (await service.stream_info("orders")).shards
+                key = service.keyspace.stream(ShardId.parse(remaining.shard))
+                assert await admin.xinfo_groups(key) == []
+                assert await admin.smembers(f"{{{prefix}}}:registry:subscriptions:orders") == set()
             tg.cancel_scope.cancel()
         dead = await admin.xlen(base.key_prefix + ":dlq:{billing:orders}")
         assert dead == 1
@@ -120,6 +130,8 @@ async def test_each_role_works_with_its_acl_and_only_with_it(acl_server: Any) ->
                 ("XDEL", key, "0-1"),
                 ("HGETALL", f"{{{prefix}}}:group:billing"),
                 ("SET", f"{{{prefix}}}:group:billing:mutex", "x"),
+                ("SET", f"{prefix}:dlq:{{billing:orders}}", "x"),  # the dead letters
+                ("XADD", f"{prefix}:dlq-written:{{billing:orders}}:s:1-0", "*", "f", "v"),
             ],
         }
         allowed = []

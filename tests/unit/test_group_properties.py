@@ -43,6 +43,7 @@ from streamworks.coordinator.core import (
     fence_overdue_revocations,
     heartbeat,
     raise_epoch_floor,
+    release_quarantines,
     remove_stale_members,
     stream_of,
 )
@@ -303,10 +304,28 @@ class GroupMachine(RuleBasedStateMachine):
 
     @rule()
     def fence_overdue(self) -> None:
-        self._apply(fence_overdue_revocations(self.group, self.now))
+        before = self.group
+        self._apply(fence_overdue_revocations(self.group, self.now, self.config, self.leases))
         for member in self.group.live_members().values():
             deadline = member.revocation_deadline_ms
             assert deadline is None or deadline > self.now
+        for mid, member in self.group.members.items():
+            old = before.members.get(mid)
+            if old is None or not old.is_live or member.is_live:
+                continue
+            # Fenced with a valid lease: its runs may go on until that lease would have
+            # expired, so its shards stay out of reach until then (SPEC §5).
+            lease = self.leases.get(mid)
+            if lease is not None and lease > self.now:
+                assert member.quarantined == old.held()
+                assert member.quarantined_until_ms == lease
+
+    @rule()
+    def release_quarantines(self) -> None:
+        self._apply(release_quarantines(self.group, self.now))
+        for member in self.group.members.values():
+            until = member.quarantined_until_ms
+            assert until is None or until > self.now
 
     @rule()
     def remove_stale(self) -> None:
@@ -340,6 +359,7 @@ class GroupMachine(RuleBasedStateMachine):
             self.now += self.config.heartbeat_interval_ms
             self.expire_leases()
             self.fence_overdue()
+            self.release_quarantines()
             self.compute_target()
             for mid in MEMBER_IDS:
                 self._heartbeat(mid, lose=False, drain=1)
@@ -401,8 +421,9 @@ class GroupMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_shard_has_two_live_holders(self) -> None:  # invariant 1
+        # A fenced member's quarantine counts as holding: nobody else may have it.
         seen: dict[str, str] = {}
-        for mid, member in self.group.live_members().items():
+        for mid, member in self.group.members.items():
             for shard in member.held():
                 assert shard not in seen, f"{shard} held by {seen.get(shard)} and {mid}"
                 seen[shard] = mid
@@ -461,7 +482,12 @@ class GroupMachine(RuleBasedStateMachine):
     def dead_records_hold_nothing(self) -> None:
         for member in self.group.members.values():
             if not member.is_live:
-                assert member.held() == frozenset()
+                # A dead record holds nothing but a fenced member's quarantine.
+                assert not member.assigned and not member.pending_revocation
+                assert member.held() == member.quarantined
+                if member.quarantined:
+                    assert member.state is MemberState.FENCED
+                    assert member.quarantined_until_ms is not None
                 assert member.target == frozenset()
                 assert member.expired_at_ms is not None
         if self.group.state is GroupState.EMPTY:
@@ -602,11 +628,34 @@ def test_malformed_member_document_is_rejected(key: str, value: object) -> None:
         Member.from_dict(document)
 
 
-@pytest.mark.parametrize("key", sorted(_member_doc()))
+#: Keys added after the first release: a record written before them decodes without.
+_OPTIONAL_MEMBER_KEYS = frozenset({"quarantined", "quarantined_until_ms"})
+
+
+@pytest.mark.parametrize("key", sorted(set(_member_doc()) - _OPTIONAL_MEMBER_KEYS))
 def test_member_document_missing_a_key_is_rejected(key: str) -> None:
     document = _member_doc()
     del document[key]
     with pytest.raises(ValueError, match=key):
+        Member.from_dict(document)
+
+
+def test_member_document_without_quarantine_keys_quarantines_nothing() -> None:
+    document = _member_doc()
+    for key in _OPTIONAL_MEMBER_KEYS:
+        del document[key]
+    member = Member.from_dict(document)
+    assert member.quarantined == frozenset() and member.quarantined_until_ms is None
+
+
+@pytest.mark.parametrize(
+    ("state", "until"),
+    [("STABLE", 5), ("FENCED", None)],
+)
+def test_quarantine_only_on_a_tombstone_with_an_end(state: str, until: int | None) -> None:
+    document = _member_doc()
+    document.update(state=state, quarantined=["a/0@0"], quarantined_until_ms=until, expired_at_ms=1)
+    with pytest.raises(ValueError, match="quarantine"):
         Member.from_dict(document)
 
 

@@ -25,6 +25,7 @@ from streamworks.coordinator.core import (
     heartbeat,
     next_deadline_ms,
     raise_epoch_floor,
+    release_quarantines,
     remove_stale_members,
 )
 
@@ -287,6 +288,25 @@ def test_expired_member_gets_unknown_member() -> None:
     assert h.hb("a", 1, owned=()).status is UNKNOWN
 
 
+def test_fenced_member_quarantine_ends_at_its_recorded_lease() -> None:
+    h, _ = two_members_splitting_four_shards()
+    deadline = h.member("a").revocation_deadline_ms
+    assert deadline is not None
+    h.now = deadline
+    held = h.member("a").held()
+    recorded = h.now + 1_234
+    h.apply(fence_overdue_revocations(h.group, h.now, h.config, {"a": recorded}))
+    assert h.member("a").quarantined == held
+    assert h.member("a").quarantined_until_ms == recorded
+    # The FENCED answer renews nothing: the quarantine's end stays where it was.
+    r = h.hb("a", h.member("a").epoch, owned=sorted(held))
+    assert r.status is FENCED and not r.renews_lease
+    assert h.member("a").quarantined_until_ms == recorded
+    # A rejoin (sent only once the member's runs ended) replaces the tombstone.
+    h.join("a")
+    assert h.member("a").quarantined == frozenset()
+
+
 def test_fenced_member_gets_fenced_then_rejoins() -> None:
     h, _ = two_members_splitting_four_shards()
     h.now += 60_000
@@ -365,21 +385,35 @@ def test_pending_shard_is_granted_after_holder_expires() -> None:
 
 
 @pytest.mark.seed("E8")
-def test_overdue_revocation_is_fenced_and_shard_freed() -> None:
+def test_overdue_revocation_is_fenced_and_shard_freed_when_its_lease_would_end() -> None:
     h, revoked = two_members_splitting_four_shards()
     deadline = h.member("a").revocation_deadline_ms
     assert deadline is not None
     assert next_deadline_ms(h.group, h.config) == deadline
     h.now = deadline - 1
-    assert fence_overdue_revocations(h.group, h.now).is_noop
+    assert fence_overdue_revocations(h.group, h.now, h.config).is_noop
     h.now = deadline
     epoch = h.group.group_epoch
-    h.apply(fence_overdue_revocations(h.group, h.now))
+    held = h.member("a").held()
+    h.apply(fence_overdue_revocations(h.group, h.now, h.config))
     a = h.member("a")
     assert a.state is MemberState.FENCED
-    assert a.held() == frozenset()
     assert a.expired_at_ms == h.now
     assert h.group.group_epoch == epoch + 1
+    # a's lease was still valid: its handlers may run until it would have expired, so
+    # its shards are quarantined until then (at most a lease TTL from now), not freed.
+    end = h.now + h.config.lease_ttl_ms
+    assert a.quarantined == held and a.held() == held
+    assert a.quarantined_until_ms == end
+    r = h.steady("b")
+    assert set(r.assigned).isdisjoint(held)
+    assert held <= r.pending
+    assert next_deadline_ms(h.group, h.config) == end  # the loop wakes for the release
+    h.now = end - 1
+    assert release_quarantines(h.group, h.now).is_noop
+    h.now = end
+    h.apply(release_quarantines(h.group, h.now))
+    assert h.member("a").held() == frozenset()
     r = h.steady("b")
     assert set(r.assigned) == set(h.topology.shards["orders"])
     assert all(h.fences[s] == ("b", r.member_epoch) for s in revoked)

@@ -19,6 +19,7 @@ def every_key(ks: Keyspace) -> dict[str, str]:
         "retries": ks.retries(SHARD, "g"),
         "dedup": ks.dedup(SHARD, "evt-1"),
         "dead_letters": ks.dead_letters("g", "orders"),
+        "dead_letter_marker": ks.dead_letter_marker("g", "orders", ks.stream(SHARD), "1-0"),
         "idempotency": ks.idempotency("g", "k:1"),
         "group_meta": ks.group_meta("g"),
         "group_mutex": ks.group_mutex("g"),
@@ -42,8 +43,10 @@ def test_family_patterns_match_their_family_only() -> None:
     assert matching(KEYS.shard_slot_pattern()) == shard_slot
     assert matching(KEYS.dedup_pattern()) == {"dedup"}
     assert matching(KEYS.dead_letters_pattern()) == {"dead_letters"}
+    assert matching(KEYS.dead_letter_marker_pattern()) == {"dead_letter_marker"}
     assert matching(KEYS.idempotency_pattern()) == {"idempotency"}
-    control = set(every_key(KEYS)) - shard_slot - {"dead_letters", "idempotency"}
+    per_group = {"dead_letters", "dead_letter_marker", "idempotency"}
+    control = set(every_key(KEYS)) - shard_slot - per_group
     assert matching(KEYS.control_pattern()) == control
 
 

@@ -33,6 +33,7 @@ from streamworks.coordinator.core.timers import (
     fence_overdue_revocations,
     next_deadline_ms,
     raise_epoch_floor,
+    release_quarantines,
     remove_stale_members,
 )
 
@@ -58,6 +59,7 @@ __all__ = (
     "next_deadline_ms",
     "raise_epoch_floor",
     "reconcile_member",
+    "release_quarantines",
     "remove_stale_members",
     "stream_of",
 )

@@ -103,8 +103,8 @@ class GroupEdit:
         current = self.members
         for member_id in self._touched:
             before = original.get(member_id)
-            if before is not None and before.is_live:
-                for shard in before.held():
+            if before is not None:
+                for shard in before.held():  # a tombstone holds its quarantine only
                     if holders.get(shard) == member_id:
                         del holders[shard]
         for member_id in self._touched:
@@ -112,6 +112,11 @@ class GroupEdit:
             if after is not None and after.is_live:
                 for shard in after.held():
                     holders[shard] = member_id
+        for member_id in self._touched:
+            after = current.get(member_id)
+            if after is not None and not after.is_live:
+                for shard in after.quarantined:
+                    holders.setdefault(shard, member_id)
         return holders
 
     def put(self, member: Member) -> None:
@@ -140,8 +145,16 @@ class GroupEdit:
         if self.group_epoch <= epoch:
             self.group_epoch = epoch + 1
 
-    def retire(self, member_id: str, state: MemberState, now_ms: int) -> bool:
-        """Turn a live member into a FENCED/EXPIRED tombstone holding nothing.
+    def retire(
+        self,
+        member_id: str,
+        state: MemberState,
+        now_ms: int,
+        *,
+        quarantine_until_ms: int | None = None,
+    ) -> bool:
+        """Turn a live member into a FENCED/EXPIRED tombstone holding nothing (or, with
+        ``quarantine_until_ms``, keeping its shards from others until then).
 
         Returns:
             True if the member was live (the caller bumps the group epoch once).
@@ -149,7 +162,7 @@ class GroupEdit:
         member = self.member(member_id)
         if member is None or not member.is_live:
             return False
-        self.put(member.tombstone(state, now_ms))
+        self.put(member.tombstone(state, now_ms, quarantine_until_ms=quarantine_until_ms))
         return True
 
     def settle_if_empty(self) -> None:

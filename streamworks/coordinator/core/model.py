@@ -102,6 +102,11 @@ class Member:
         client: free-form client information (host, pid, version).
         joined_at_ms: time of the join that created this record.
         expired_at_ms: when the record stopped being live (left, expired or fenced).
+        quarantined: shards a FENCED tombstone still keeps from everyone else: the
+            member was fenced while its lease was valid, so its handlers may still run
+            until that lease would have expired (SPEC §5 "Exclusive processing").
+        quarantined_until_ms: when ``quarantined`` is released (the fenced member's
+            lease expiry, Redis time); None when nothing is quarantined.
     """
 
     member_id: str
@@ -117,6 +122,8 @@ class Member:
     client: Mapping[str, str]
     joined_at_ms: int
     expired_at_ms: int | None
+    quarantined: frozenset[str] = frozenset()
+    quarantined_until_ms: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", MemberState(self.state))
@@ -125,6 +132,7 @@ class Member:
         object.__setattr__(self, "pending_revocation", frozenset(self.pending_revocation))
         object.__setattr__(self, "target", frozenset(self.target))
         object.__setattr__(self, "client", _frozen_map(self.client))
+        object.__setattr__(self, "quarantined", frozenset(self.quarantined))
         if not self.member_id:
             raise ValueError("member_id must not be empty")
         if self.epoch < 0 or self.previous_epoch < 0:
@@ -133,6 +141,10 @@ class Member:
             raise ValueError(f"member {self.member_id}: rebalance_timeout_ms must be > 0")
         if not self.pending_revocation.isdisjoint(self.assigned):
             raise ValueError(f"member {self.member_id}: a shard is both assigned and revoked")
+        if self.quarantined and (self.state.is_live or self.quarantined_until_ms is None):
+            raise ValueError(
+                f"member {self.member_id}: only a tombstone quarantines shards, until a time"
+            )
 
     @classmethod
     def joining(
@@ -167,13 +179,20 @@ class Member:
         return self.state.is_live
 
     def held(self) -> frozenset[str]:
-        """Shards nobody else may receive because of this member: assigned or revoking."""
-        return frozenset(self.assigned) | self.pending_revocation
+        """Shards nobody else may receive because of this member: assigned, revoking,
+        or quarantined by its tombstone."""
+        return frozenset(self.assigned) | self.pending_revocation | self.quarantined
 
-    def tombstone(self, state: MemberState, now_ms: int) -> Member:
-        """This record after the member stopped being live: it holds and targets nothing."""
+    def tombstone(
+        self, state: MemberState, now_ms: int, *, quarantine_until_ms: int | None = None
+    ) -> Member:
+        """This record after the member stopped being live: it targets nothing and holds
+        nothing, except, with ``quarantine_until_ms`` after ``now_ms``, the shards it
+        held, until then (a member fenced while its lease was still valid)."""
         if state.is_live:
             raise ValueError(f"tombstone state must be FENCED or EXPIRED, not {state}")
+        held = self.held()
+        quarantine = quarantine_until_ms is not None and quarantine_until_ms > now_ms and held
         return replace(
             self,
             state=state,
@@ -182,7 +201,13 @@ class Member:
             target=frozenset(),
             revocation_deadline_ms=None,
             expired_at_ms=now_ms,
+            quarantined=held if quarantine else frozenset(),
+            quarantined_until_ms=quarantine_until_ms if quarantine else None,
         )
+
+    def released(self) -> Member:
+        """This tombstone with its quarantine lifted."""
+        return replace(self, quarantined=frozenset(), quarantined_until_ms=None)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-able document of this record, with sorted collections (stable output)."""
@@ -200,6 +225,8 @@ class Member:
             "client": {key: self.client[key] for key in sorted(self.client)},
             "joined_at_ms": self.joined_at_ms,
             "expired_at_ms": self.expired_at_ms,
+            "quarantined": sorted(self.quarantined),
+            "quarantined_until_ms": self.quarantined_until_ms,
         }
 
     @classmethod
@@ -230,6 +257,15 @@ class Member:
             client=_require_str_map(doc, "client"),
             joined_at_ms=_require_int(doc, "joined_at_ms"),
             expired_at_ms=_optional_int(doc, "expired_at_ms"),
+            # Absent in records written before quarantines existed.
+            quarantined=(
+                _require_str_set(doc, "quarantined") if "quarantined" in doc else frozenset()
+            ),
+            quarantined_until_ms=(
+                _optional_int(doc, "quarantined_until_ms")
+                if "quarantined_until_ms" in doc
+                else None
+            ),
         )
 
 
@@ -306,6 +342,10 @@ class Group:
                     holders[shard] = member.member_id
                 for shard in member.pending_revocation:
                     holders[shard] = member.member_id
+            else:
+                # A fenced member's runs may go on until its lease would have expired.
+                for shard in member.quarantined:
+                    holders.setdefault(shard, member.member_id)
         return holders
 
     def to_header(self) -> dict[str, object]:

@@ -1,7 +1,9 @@
 """One pass of the event loop over a group: every timer step, in order, as one change.
 
 Expire members whose lease passed (E5), fence members past their revocation
-deadline (E6, E8), drop stale tombstones, and compute a pending target. The steps
+deadline (E6, E8; their shards stay quarantined until their lease would have
+expired), release quarantines that are due, drop stale tombstones, and compute a
+pending target. The steps
 are applied one after another and their change sets merged, so the shell commits
 the whole pass at once (or nothing, when nothing was due).
 """
@@ -16,6 +18,7 @@ from streamworks.coordinator.core.timers import (
     compute_target_if_due,
     expire_members,
     fence_overdue_revocations,
+    release_quarantines,
     remove_stale_members,
 )
 
@@ -35,7 +38,8 @@ def tick(
     header_changed = False
     steps: tuple[Callable[[Group], TimerResult], ...] = (
         lambda g: expire_members(g, expired_ids, now_ms),
-        lambda g: fence_overdue_revocations(g, now_ms),
+        lambda g: fence_overdue_revocations(g, now_ms, config),
+        lambda g: release_quarantines(g, now_ms),
         lambda g: remove_stale_members(g, now_ms, config),
         lambda g: compute_target_if_due(g, topology, now_ms, config),
     )

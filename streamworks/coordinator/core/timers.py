@@ -9,7 +9,7 @@ in heartbeats), so their results carry no fences.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from streamworks.coordinator.core.changes import GroupEdit, TimerResult
 from streamworks.coordinator.core.model import CoreConfig, Group, Member, MemberState, Topology
@@ -21,6 +21,7 @@ __all__ = (
     "fence_overdue_revocations",
     "next_deadline_ms",
     "raise_epoch_floor",
+    "release_quarantines",
     "remove_stale_members",
 )
 
@@ -48,13 +49,32 @@ def expire_members(group: Group, expired_ids: Iterable[str], now_ms: int) -> Tim
     return edit.timer_result()
 
 
-def fence_overdue_revocations(group: Group, now_ms: int) -> TimerResult:
+def fence_overdue_revocations(
+    group: Group,
+    now_ms: int,
+    config: CoreConfig | None = None,
+    leases: Mapping[str, int] | None = None,
+) -> TimerResult:
     """Fence members that did not revoke by their deadline (E6, E8).
 
-    Live UNREVOKED members with ``revocation_deadline_ms <= now_ms`` become FENCED;
-    their shards (including the ones being revoked) are freed so the target owners
-    receive them, and the group epoch is bumped once.
+    Live UNREVOKED members with ``revocation_deadline_ms <= now_ms`` become FENCED and
+    the group epoch is bumped once. Their shards (including the ones being revoked)
+    are *quarantined*, not freed: such a member still holds a valid lease, so its
+    handlers may still run until that lease would have expired, and nobody else may
+    receive the shards before then (SPEC §5 "Exclusive processing"). The quarantine
+    ends at the member's recorded lease expiry (``leases``, Redis time ms) when it is
+    known, else at ``now_ms + lease_ttl_ms`` — never earlier than the recorded expiry,
+    since every renewal happened at or before now. :func:`release_quarantines` frees
+    the shards then (or a rejoin of the member, which rejoins only after its runs
+    ended, replaces the tombstone at once).
+
+    Args:
+        group: the group as loaded.
+        now_ms: Redis server time.
+        config: timing knobs (its ``lease_ttl_ms`` bounds the quarantine).
+        leases: member id -> recorded lease expiry (Redis time ms), when known.
     """
+    ttl_ms = (config or CoreConfig()).lease_ttl_ms
     edit = GroupEdit(group)
     overdue = [
         m.member_id
@@ -64,10 +84,26 @@ def fence_overdue_revocations(group: Group, now_ms: int) -> TimerResult:
         and m.revocation_deadline_ms <= now_ms
     ]
     for member_id in sorted(overdue):
-        edit.retire(member_id, MemberState.FENCED, now_ms)
+        recorded = None if leases is None else leases.get(member_id)
+        until = recorded if recorded is not None else now_ms + ttl_ms
+        edit.retire(member_id, MemberState.FENCED, now_ms, quarantine_until_ms=until)
     if overdue:
         edit.bump()
         edit.settle_if_empty()
+    return edit.timer_result()
+
+
+def release_quarantines(group: Group, now_ms: int) -> TimerResult:
+    """Free the shards of fenced members whose lease would have expired by now.
+
+    The freed shards go to their target owners on those members' next heartbeats;
+    the group epoch is not bumped (the target is unchanged, only a holder is gone).
+    """
+    edit = GroupEdit(group)
+    for member in group.members.values():
+        until = member.quarantined_until_ms
+        if member.quarantined and until is not None and until <= now_ms:
+            edit.put(member.released())
     return edit.timer_result()
 
 
@@ -120,8 +156,9 @@ def raise_epoch_floor(group: Group, epoch: int) -> TimerResult:
 def next_deadline_ms(group: Group, config: CoreConfig) -> int | None:
     """The earliest time a timer step may change ``group``, or None.
 
-    Covers revocation deadlines, stale-record removal and a target computation
-    deferred by batching. Lease expiries are not here: they live in the lease set.
+    Covers revocation deadlines, quarantine releases, stale-record removal and a
+    target computation deferred by batching. Lease expiries are not here: they live
+    in the lease set.
     """
     deadlines: list[int] = []
     for member in group.members.values():
@@ -130,6 +167,8 @@ def next_deadline_ms(group: Group, config: CoreConfig) -> int | None:
         stale = _stale_at(member, config)
         if stale is not None:
             deadlines.append(stale)
+        if member.quarantined and member.quarantined_until_ms is not None:
+            deadlines.append(member.quarantined_until_ms)
     has_live = any(m.is_live for m in group.members.values())
     if has_live and group.group_epoch > group.target_epoch:
         deadlines.append(group.last_assignment_ms + config.assignment_interval_ms)
@@ -140,4 +179,7 @@ def _stale_at(member: Member, config: CoreConfig) -> int | None:
     """When a tombstone may be removed; None for live members."""
     if member.is_live or member.expired_at_ms is None:
         return None
-    return member.expired_at_ms + config.stale_member_retention_ms
+    stale = member.expired_at_ms + config.stale_member_retention_ms
+    if member.quarantined_until_ms is not None:
+        stale = max(stale, member.quarantined_until_ms)  # the quarantine goes with it
+    return stale

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 
 from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import GroupInfo
@@ -216,3 +218,39 @@ async def test_bad_processes_and_a_missing_app_are_one_line_before_any_child(
     missing = await cluster.cli("worker", "tests.e2e.apps.no_such_app:app", "--processes", "2")
     assert_one_error_line(missing, "cannot import module 'tests.e2e.apps.no_such_app'")
     assert b"worker process" not in missing.stderr
+
+
+def free_port_pair() -> int:
+    """A port P such that P and P + 1 were both free a moment ago."""
+    for _ in range(50):
+        base = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+        return base
+    raise AssertionError("no two consecutive free ports")
+
+
+async def test_each_child_serves_http_on_its_own_port(cluster: Cluster) -> None:
+    """--http-port P --processes 2: child 0 serves /livez on P, child 1 on P + 1 (two
+    processes cannot share a port)."""
+    coordinator = cluster.start_coordinator()
+    await wait_ready(coordinator)
+    await create_stream(cluster)
+    base = free_port_pair()  # after the coordinator took its port
+    supervisor = cluster.start_worker(
+        "supervisor", args=["--processes", "2", "--http-port", str(base)], **FAST_RESTARTS
+    )
+    async with cluster.client() as client:
+        await wait_children(client, supervisor, 2)
+
+    async def both_live() -> bool | None:
+        async with httpx.AsyncClient(timeout=1) as http:
+            ports = (base, base + 1)
+            codes = [(await http.get(f"http://127.0.0.1:{p}/livez")).status_code for p in ports]
+        return codes == [200, 200] or None
+
+    await wait_until(both_live, 10, f"/livez on ports {base} and {base + 1}")
+    assert "exited unexpectedly" not in supervisor.output()

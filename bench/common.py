@@ -88,6 +88,15 @@ def start_server(binary: str | None = None) -> Any:
     return server
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a coordinator)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def create_client(url: str) -> Any:
     """A redis-py asyncio client configured the way streamworks configures its own."""
     from streamworks import Settings

@@ -3,9 +3,14 @@
 200,000 pre-published messages of ~100 bytes on 8 shards, a no-op handler, one
 consumer process per contestant, each through a consumer group of its own:
 
+* ``raw-per-shard`` — the loop anyone would write for 8 shards, and the **headline
+  baseline** of the ratios: one asyncio task per shard, each ``XREADGROUP COUNT
+  100`` + a no-op per message + one ``XACK`` per batch, all in one process (the
+  tasks' commands overlap on 8 connections of one client).
 * ``raw-100`` / ``raw-500`` — the hand-written loop of ``throughput.py``: one
   coroutine, ``XREADGROUP COUNT 100`` (or 500) shard after shard, a no-op per
-  message, one ``XACK`` per batch. The ratio baseline is ``raw-100``.
+  message, one ``XACK`` per batch (one command in flight at a time). Its ratio
+  is shown too (``× raw-100``).
 * ``streamworks`` — a ``Worker`` with default settings, ``ordering="key"``, a
   ``StaticAssignment`` of all 8 shards (fenced reads, batched acks).
 * ``faststream`` — one ``StreamSub(batch=True, max_records=100)`` subscriber per
@@ -41,7 +46,15 @@ import common
 from common import KEYS, PAYLOAD, PREFIX, SHARDS, Suite
 
 #: Contestants of the no-op run, in round order (reversed on odd rounds).
-NOOP = ("raw-100", "raw-500", "streamworks", "faststream-100", "faststream-500", "taskiq")
+NOOP = (
+    "raw-per-shard",
+    "raw-100",
+    "raw-500",
+    "streamworks",
+    "faststream-100",
+    "faststream-500",
+    "taskiq",
+)
 #: Contestants of the 1 ms run.
 SLOW = ("sequential", "streamworks", "faststream", "taskiq")
 #: Messages in flight for the 1 ms run: streamworks' default handler concurrency.
@@ -50,7 +63,12 @@ SLOW_IN_FLIGHT = 64
 FS_MAX_RECORDS = 100  # per-message subscribers of the 1 ms run read this many per XREADGROUP
 TQ_MAX_ASYNC_TASKS = 100
 #: How each contestant is set up (copied into the JSON results).
+#: The headline baseline of the no-op ratios, and the second one.
+BASELINE = "raw-per-shard"
+SECOND_BASELINE = "raw-100"
 CONFIG = {
+    "raw-per-shard": "one asyncio task per shard, each XREADGROUP COUNT 100 on its shard; "
+    "no-op; one XACK per batch; one process, one client (8 connections)",
     "raw-N": "one coroutine; XREADGROUP COUNT N per shard in turn; no-op; one XACK per batch",
     "streamworks": "Worker, default Settings (read_batch 200, read_ahead 3, ack_batch 1000), "
     "ordering='key', concurrency 64, StaticAssignment of the 8 shards, handler(payload: bytes)",
@@ -178,6 +196,34 @@ async def raw_child(
                 break
     elapsed = time.perf_counter() - start
     await redis.aclose()
+    return {"rate": done / elapsed, "elapsed": elapsed, "handled": done}
+
+
+async def raw_tasks_child(
+    url: str, keys: list[str], group: str, total: int, count: int = 100
+) -> dict[str, Any]:
+    """One task per shard: XREADGROUP COUNT n on its own shard, no-op, one XACK per
+    batch, until its shard has nothing left (the entries were published before)."""
+    redis = common.create_client(url)
+    await redis.ping()
+    done = 0
+
+    async def drain(key: str) -> None:
+        nonlocal done
+        while True:
+            reply = await redis.xreadgroup(group, "raw", {key: ">"}, count=count)
+            if not reply or not reply[0][1]:
+                return
+            ids = [entry_id for entry_id, _fields in reply[0][1]]
+            await redis.xack(key, group, *ids)
+            done += len(ids)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(drain(key) for key in keys))
+    elapsed = time.perf_counter() - start
+    await redis.aclose()
+    if done != total:
+        raise RuntimeError(f"raw-per-shard handled {done} of {total}")
     return {"rate": done / elapsed, "elapsed": elapsed, "handled": done}
 
 
@@ -390,6 +436,10 @@ async def _round(
         keys = tq_keys(stream)
         await common.create_groups(suite.redis, keys, group)
     try:
+        if name == "raw-per-shard":
+            return suite.child(
+                _target("raw_tasks_child"), url=suite.url, keys=keys, group=group, total=total
+            )
         if name.startswith("raw"):
             count = int(name.split("-")[1])
             return suite.child(
@@ -500,12 +550,17 @@ async def run_suite(suite: Suite, args: argparse.Namespace) -> dict[str, Any]:
         for key in sw_keys(stream) + fs_keys(stream) + tq_keys(stream):
             await suite.redis.delete(key)
 
+    noop_results = common.summarize(noop_rates, BASELINE if BASELINE in noop else None)
+    second = common.summarize(noop_rates, SECOND_BASELINE if SECOND_BASELINE in noop else None)
+    for name, r in noop_results.items():
+        r["ratio_raw_100"] = second[name]["ratio"]
     results = {
         "consume_noop": {
             "messages": noop,
-            "baseline": "raw-100",
+            "baseline": BASELINE,
+            "second_baseline": SECOND_BASELINE,
             "unit": "msg/s",
-            "results": common.summarize(noop_rates, "raw-100" if "raw-100" in noop else None),
+            "results": noop_results,
         },
         "consume_1ms": {
             "messages": slow,
@@ -527,17 +582,21 @@ def print_results(results: dict[str, Any]) -> None:
     noop = results["consume_noop"]
     common.print_table(
         "consume, no-op handler (8 shards; medians of alternating rounds)",
-        ["contestant", "messages", "msg/s", "× raw-100", "rounds (msg/s)"],
+        ["contestant", "messages", "msg/s", f"× {BASELINE}", "× raw-100", "rounds (msg/s)"],
         [
             (
                 name,
                 noop["messages"][name],
                 r["median"],
                 r["ratio"],
+                r.get("ratio_raw_100"),
                 " ".join(f"{x:,.0f}" for x in r["rounds"]),
             )
             for name, r in noop["results"].items()
         ],
+        caption=f"{BASELINE}: one task per shard (XREADGROUP COUNT 100 + one XACK per batch, "
+        "one process) — the headline baseline; raw-100: one coroutine visiting the shards "
+        "in turn",
     )
     slow = results["consume_1ms"]
     if slow["results"]:

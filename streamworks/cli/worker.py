@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from typing import Any
 
 import anyio
@@ -38,6 +39,11 @@ log = logging.getLogger("streamworks.cli")
 @click.command()
 @click.argument("target", metavar="MODULE:APP")
 @click.option("--concurrency", type=click.IntRange(1, 100_000), help="override every handler's")
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 256),
+    help="run N worker processes (N members) under a supervisor; see docs/operations.md",
+)
 @redis_options
 @coordinator_options
 @click.option(
@@ -57,6 +63,7 @@ log = logging.getLogger("streamworks.cli")
 def worker(
     target: str,
     concurrency: int | None,
+    processes: int | None,
     http_port: int | None,
     http_host: str | None,
     no_http: bool,
@@ -69,6 +76,8 @@ def worker(
     Serves /metrics (Prometheus), /livez and /readyz on --http-port unless --no-http.
     SIGTERM or Ctrl-C stops gracefully (finish in-flight work, ack, leave the group);
     a second signal exits at once (unfinished work stays pending for the next owner).
+    With --processes N, N such workers run as children of a supervisor that restarts
+    crashed ones and forwards the signals (docs/operations.md).
     """
     context = configure_logging(log_level, log_format)
     app = load_app(target)
@@ -87,6 +96,13 @@ def worker(
     misfit = lease_misfit(settings)
     if misfit is not None:
         fail(f"invalid STREAMWORKS_* setting: {misfit}")
+    if processes is not None:
+        from streamworks.cli.supervisor import supervise_workers
+
+        options = ["--log-level", log_level, "--log-format", log_format]
+        if concurrency is not None:
+            options += ["--concurrency", str(concurrency)]
+        sys.exit(supervise_workers(target, processes, settings, flags, options))
     if concurrency is not None:
         for spec in app.handlers.values():
             spec.concurrency = concurrency

@@ -65,11 +65,14 @@ async def run_batch_wait(
 async def _other_batch(
     redis: Any, commands: Sequence[Sequence[Arg]], wait: tuple[int, int] | None
 ) -> tuple[list[Any], list[Any]]:
-    if isinstance(redis, RedisCluster):
+    from streamworks.redis.client import WaitingRedisCluster
+
+    if type(redis) in (RedisCluster, WaitingRedisCluster):
         from streamworks.redis.cluster import run_cluster_batch  # imports wire: a cycle
 
         return await run_cluster_batch(redis, commands, wait=wait)
-    # Anything else (a redis-py subclass, a pipeline-capable stand-in): its pipeline.
+    # Anything else (a subclass of redis-py's clients, e.g. one recording what it sends,
+    # or a pipeline-capable stand-in): its pipeline, as for a single server.
     pipe = redis.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)

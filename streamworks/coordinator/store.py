@@ -47,8 +47,8 @@ from streamworks.clock import Clock
 from streamworks.coordinator.core import FenceWrite, Group, Member
 from streamworks.coordinator.core.changes import apply_delta
 from streamworks.coordinator.core.streams import StreamMeta
+from streamworks.coordinator.evidence import EvidenceReads
 from streamworks.exceptions import CoordinatorError
-from streamworks.protocol.control import ShardGroupInfo
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.client import is_cluster
 from streamworks.redis.keyspace import Keyspace
@@ -150,7 +150,7 @@ class Loaded:
     now_ms: int
 
 
-class Store:
+class Store(EvidenceReads):
     """Reads and writes the control plane in Redis."""
 
     def __init__(
@@ -598,57 +598,3 @@ class Store:
                 current = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
                 refused.append((fence, current))
         return refused
-
-    # -- the data plane, as evidence (positions and drains; never messages, E24) ------
-    async def ping(self) -> bool:
-        """Whether Redis answers (any error counts as no)."""
-        try:
-            return bool(await self.redis.ping())
-        except Exception:
-            return False
-
-    async def shard_positions(
-        self, shards: Sequence[ShardId]
-    ) -> list[tuple[int, list[ShardGroupInfo]] | None]:
-        """Per shard, its length and each consumer group's ``pending`` and ``lag``
-        (``XLEN`` and ``XINFO GROUPS``, pipelined); None where Redis answered an error
-        (e.g. the key is gone)."""
-        if not shards:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
-        for shard in shards:
-            key = self.keyspace.stream(shard)
-            pipe.xlen(key)
-            pipe.xinfo_groups(key)
-        replies = await pipe.execute(raise_on_error=False)
-        out: list[tuple[int, list[ShardGroupInfo]] | None] = []
-        for j in range(len(shards)):
-            length, groups = replies[2 * j], replies[2 * j + 1]
-            if isinstance(length, Exception) or isinstance(groups, Exception):
-                out.append(None)
-                continue
-            infos = [
-                ShardGroupInfo(
-                    group=g["name"].decode(),
-                    pending=int(g["pending"]),
-                    lag=None if g["lag"] is None else int(g["lag"]),
-                )
-                for g in groups
-            ]
-            out.append((int(length), infos))
-        return out
-
-    # -- dead letters: lengths only, for status views (never an entry, E24) ---------------
-    async def dead_letter_lengths(
-        self, pairs: Iterable[tuple[str, str]]
-    ) -> dict[tuple[str, str], int]:
-        """``XLEN`` of the dead-letter stream of each ``(group, stream)`` (0 where there
-        is none), pipelined. Lengths only: the coordinator never reads messages."""
-        pairs = list(pairs)
-        if not pairs:
-            return {}
-        pipe = self.redis.pipeline(transaction=False)
-        for group, stream in pairs:
-            pipe.xlen(self.keyspace.dead_letters(group, stream))
-        replies = await pipe.execute()
-        return {pair: int(n) for pair, n in zip(pairs, replies, strict=True)}

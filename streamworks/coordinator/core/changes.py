@@ -17,12 +17,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from streamworks.coordinator.core.holders import patched_holders
 from streamworks.coordinator.core.model import (
     FenceWrite,
     Group,
     Member,
     MemberState,
-    _patched_holders,
 )
 
 __all__ = ("GroupChange", "GroupEdit", "TimerResult", "apply_delta")
@@ -105,7 +105,7 @@ class GroupEdit:
         """
         if not self._touched:
             return self.original.holders()
-        return _patched_holders(self.original, self.members, self._touched)
+        return patched_holders(self.original, self.members, self._touched)
 
     def put(self, member: Member) -> None:
         """Add or replace a member record."""

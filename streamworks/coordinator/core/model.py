@@ -17,6 +17,16 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TypeVar
 
+from streamworks.coordinator.core.decoding import (
+    optional_int,
+    require_int,
+    require_int_map,
+    require_mapping,
+    require_str,
+    require_str_map,
+    require_str_set,
+)
+from streamworks.coordinator.core.holders import holders_of, patched_holders
 from streamworks.exceptions import ConfigurationError
 
 __all__ = (
@@ -238,33 +248,31 @@ class Member:
         Raises:
             ValueError: the document is malformed; it is never repaired or guessed.
         """
-        doc = _require_mapping(data, "member")
+        doc = require_mapping(data, "member")
         try:
-            state = MemberState(_require_str(doc, "state"))
+            state = MemberState(require_str(doc, "state"))
         except ValueError:
             raise ValueError(f"member: unknown state {doc.get('state')!r}") from None
         return cls(
-            member_id=_require_str(doc, "member_id"),
-            epoch=_require_int(doc, "epoch"),
-            previous_epoch=_require_int(doc, "previous_epoch"),
+            member_id=require_str(doc, "member_id"),
+            epoch=require_int(doc, "epoch"),
+            previous_epoch=require_int(doc, "previous_epoch"),
             state=state,
-            subscriptions=_require_str_set(doc, "subscriptions"),
-            assigned=_require_int_map(doc, "assigned"),
-            pending_revocation=_require_str_set(doc, "pending_revocation"),
-            target=_require_str_set(doc, "target"),
-            revocation_deadline_ms=_optional_int(doc, "revocation_deadline_ms"),
-            rebalance_timeout_ms=_require_int(doc, "rebalance_timeout_ms"),
-            client=_require_str_map(doc, "client"),
-            joined_at_ms=_require_int(doc, "joined_at_ms"),
-            expired_at_ms=_optional_int(doc, "expired_at_ms"),
+            subscriptions=require_str_set(doc, "subscriptions"),
+            assigned=require_int_map(doc, "assigned"),
+            pending_revocation=require_str_set(doc, "pending_revocation"),
+            target=require_str_set(doc, "target"),
+            revocation_deadline_ms=optional_int(doc, "revocation_deadline_ms"),
+            rebalance_timeout_ms=require_int(doc, "rebalance_timeout_ms"),
+            client=require_str_map(doc, "client"),
+            joined_at_ms=require_int(doc, "joined_at_ms"),
+            expired_at_ms=optional_int(doc, "expired_at_ms"),
             # Absent in records written before quarantines existed.
             quarantined=(
-                _require_str_set(doc, "quarantined") if "quarantined" in doc else frozenset()
+                require_str_set(doc, "quarantined") if "quarantined" in doc else frozenset()
             ),
             quarantined_until_ms=(
-                _optional_int(doc, "quarantined_until_ms")
-                if "quarantined_until_ms" in doc
-                else None
+                optional_int(doc, "quarantined_until_ms") if "quarantined_until_ms" in doc else None
             ),
         )
 
@@ -401,7 +409,7 @@ class Group:
         before = original.members
         setattr_(group, "_holders", None)
         if original._holders is not None:
-            holders = _patched_holders(original, members, ids)
+            holders = patched_holders(original, members, ids)
             setattr_(group, "_holders", MappingProxyType(holders))
         setattr_(group, "_live_count", None)
         setattr_(group, "_subscribers", None)
@@ -429,7 +437,7 @@ class Group:
         return self._holders
 
     def _compute_holders(self) -> dict[str, str]:
-        return _holders_of(self.members)
+        return holders_of(self.members)
 
     def timer_deadlines(self) -> tuple[int | None, ...]:
         """``(earliest revocation deadline, earliest tombstone expiry)``, None where
@@ -471,19 +479,19 @@ class Group:
         Raises:
             ValueError: the header is malformed or a member id appears twice.
         """
-        doc = _require_mapping(header, "group header")
+        doc = require_mapping(header, "group header")
         by_id: dict[str, Member] = {}
         for member in members:
             if member.member_id in by_id:
                 raise ValueError(f"duplicate member {member.member_id!r}")
             by_id[member.member_id] = member
         return cls(
-            group_id=_require_str(doc, "group_id"),
-            group_epoch=_require_int(doc, "group_epoch"),
-            target_epoch=_require_int(doc, "target_epoch"),
-            metadata_version=_require_int(doc, "metadata_version"),
-            topology_version=_require_int_map(doc, "topology_version"),
-            last_assignment_ms=_require_int(doc, "last_assignment_ms"),
+            group_id=require_str(doc, "group_id"),
+            group_epoch=require_int(doc, "group_epoch"),
+            target_epoch=require_int(doc, "target_epoch"),
+            metadata_version=require_int(doc, "metadata_version"),
+            topology_version=require_int_map(doc, "topology_version"),
+            last_assignment_ms=require_int(doc, "last_assignment_ms"),
             members=by_id,
         )
 
@@ -576,114 +584,3 @@ class FenceWrite:
     shard: str
     member_id: str
     epoch: int
-
-
-def _patched_holders(
-    original: Group, members: Mapping[str, Member], touched: Iterable[str]
-) -> dict[str, str]:
-    """``original.holders()`` with the records in ``touched`` replaced by ``members``'.
-
-    Patched in O(what changed) while only live records changed; a step that touches a
-    tombstone (fenced, expired, removed: rare) recomputes, because a fenced member's
-    quarantined shards yield to live holders and may reappear when those let go."""
-    before = original.members
-    ids = list(touched)
-    for member_id in ids:
-        old, new = before.get(member_id), members.get(member_id)
-        if (old is not None and (not old.is_live or new is None)) or (
-            new is not None and not new.is_live
-        ):
-            return _holders_of(members)
-    holders = dict(original.holders())
-    for member_id in ids:
-        record = before.get(member_id)
-        if record is not None:
-            for shard in record.held():
-                if holders.get(shard) == member_id:
-                    del holders[shard]
-    for member_id in ids:
-        record = members.get(member_id)
-        if record is not None:
-            for shard in record.held():
-                holders[shard] = member_id
-    return holders
-
-
-def _holders_of(members: Mapping[str, Member]) -> dict[str, str]:
-    """Shard -> holder over every record: live members' assigned and pending
-    revocation, then fenced members' quarantined shards nobody live holds."""
-    holders: dict[str, str] = {}
-    for member in members.values():
-        if member.is_live:
-            for shard in member.assigned:
-                holders[shard] = member.member_id
-            for shard in member.pending_revocation:
-                holders[shard] = member.member_id
-    for member in members.values():
-        if not member.is_live:
-            for shard in member.quarantined:
-                holders.setdefault(shard, member.member_id)
-    return holders
-
-
-# -- strict decoding helpers: a stored document is either exactly right or an error --
-
-
-def _require_mapping(data: object, what: str) -> Mapping[str, object]:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{what}: expected an object, got {type(data).__name__}")
-    return data
-
-
-def _require_str(doc: Mapping[str, object], key: str) -> str:
-    value = doc.get(key)
-    if not isinstance(value, str):
-        raise ValueError(f"{key}: expected a string, got {value!r}")
-    return value
-
-
-def _require_int(doc: Mapping[str, object], key: str) -> int:
-    value = doc.get(key)
-    # bool is an int subclass; a stored true/false is corruption, not a number.
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{key}: expected an integer, got {value!r}")
-    return value
-
-
-def _optional_int(doc: Mapping[str, object], key: str) -> int | None:
-    if key not in doc:
-        raise ValueError(f"{key}: missing")
-    if doc[key] is None:
-        return None
-    return _require_int(doc, key)
-
-
-def _require_str_set(doc: Mapping[str, object], key: str) -> frozenset[str]:
-    value = doc.get(key)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{key}: expected a list of strings, got {value!r}")
-    return frozenset(value)
-
-
-def _require_int_map(doc: Mapping[str, object], key: str) -> dict[str, int]:
-    value = doc.get(key)
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{key}: expected an object, got {value!r}")
-    out: dict[str, int] = {}
-    for k, v in value.items():
-        if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool):
-            raise ValueError(f"{key}: expected string -> integer, got {k!r}: {v!r}")
-        out[k] = v
-    return out
-
-
-def _require_str_map(doc: Mapping[str, object], key: str) -> dict[str, str]:
-    value = doc.get(key)
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{key}: expected an object, got {value!r}")
-    out: dict[str, str] = {}
-    for k, v in value.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise ValueError(f"{key}: expected string -> string, got {k!r}: {v!r}")
-        out[k] = v
-    return out

@@ -1,0 +1,75 @@
+"""The coordinator's reads of the data plane as evidence: positions, lengths,
+reachability — never a message (E24). A part of :class:`~streamworks.coordinator.store.Store`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from streamworks.protocol.control import ShardGroupInfo
+from streamworks.protocol.shards import ShardId
+from streamworks.redis.keyspace import Keyspace
+
+__all__ = ("EvidenceReads",)
+
+
+class EvidenceReads:
+    """Read-only data-plane reads of the store (``redis`` and ``keyspace`` are the
+    store's own)."""
+
+    redis: Any
+    keyspace: Keyspace
+
+    # -- the data plane, as evidence (positions and drains; never messages, E24) ------
+    async def ping(self) -> bool:
+        """Whether Redis answers (any error counts as no)."""
+        try:
+            return bool(await self.redis.ping())
+        except Exception:
+            return False
+
+    async def shard_positions(
+        self, shards: Sequence[ShardId]
+    ) -> list[tuple[int, list[ShardGroupInfo]] | None]:
+        """Per shard, its length and each consumer group's ``pending`` and ``lag``
+        (``XLEN`` and ``XINFO GROUPS``, pipelined); None where Redis answered an error
+        (e.g. the key is gone)."""
+        if not shards:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in shards:
+            key = self.keyspace.stream(shard)
+            pipe.xlen(key)
+            pipe.xinfo_groups(key)
+        replies = await pipe.execute(raise_on_error=False)
+        out: list[tuple[int, list[ShardGroupInfo]] | None] = []
+        for j in range(len(shards)):
+            length, groups = replies[2 * j], replies[2 * j + 1]
+            if isinstance(length, Exception) or isinstance(groups, Exception):
+                out.append(None)
+                continue
+            infos = [
+                ShardGroupInfo(
+                    group=g["name"].decode(),
+                    pending=int(g["pending"]),
+                    lag=None if g["lag"] is None else int(g["lag"]),
+                )
+                for g in groups
+            ]
+            out.append((int(length), infos))
+        return out
+
+    # -- dead letters: lengths only, for status views (never an entry, E24) ---------------
+    async def dead_letter_lengths(
+        self, pairs: Iterable[tuple[str, str]]
+    ) -> dict[tuple[str, str], int]:
+        """``XLEN`` of the dead-letter stream of each ``(group, stream)`` (0 where there
+        is none), pipelined. Lengths only: the coordinator never reads messages."""
+        pairs = list(pairs)
+        if not pairs:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for group, stream in pairs:
+            pipe.xlen(self.keyspace.dead_letters(group, stream))
+        replies = await pipe.execute()
+        return {pair: int(n) for pair, n in zip(pairs, replies, strict=True)}

@@ -83,6 +83,7 @@ class Run:
     exit_seq: int | None = None  # ended otherwise (cancelled at a deadline, an error)
     exit_t: float | None = None
     late: bool = False  # its end record was written by a later run (Redis was cut)
+    local_end: bool = False  # its end is known only from its worker's local file
     group: str = "chaos"
 
     @property
@@ -119,7 +120,7 @@ class Run:
         return None
 
     def __str__(self) -> str:
-        how = "ok" if self.done else "failed" if self.fail_seq else "interrupted"
+        how = "ok" if self.done else "failed" if self.fail_seq is not None else "interrupted"
         return (
             f"{self.id} {self.shard} {self.entry} key={self.key} attempt={self.attempt} "
             f"by {self.member[:8]} (pid {self.pid}) seq {self.seq}-{self.closed_seq} {how}, "
@@ -127,10 +128,15 @@ class Run:
         )
 
 
-def parse_log(lines: Iterable[bytes | str]) -> list[Run]:
+def parse_log(lines: Iterable[bytes | str], local_ends: Iterable[bytes | str] = ()) -> list[Run]:
     """Runs from the chaos app's log lines (``json|seq|fence``), in start order.
     Lines whose start record is missing (never the case unless the log was cut) are
-    ignored."""
+    ignored.
+
+    ``local_ends``: the end records the workers appended to their own files (JSON, one
+    per line). They give the end of a run whose end record never reached Redis (its
+    process was SIGKILLed while the record was buffered or in flight); such a run is
+    marked :attr:`Run.local_end` and ``late`` (its end has no place in the sequence)."""
     runs: dict[int, Run] = {}
     by_id: dict[str, int] = {}  # run id ("r") -> seq of its start record
     closes: list[tuple[dict[str, Any], int]] = []
@@ -173,6 +179,26 @@ def parse_log(lines: Iterable[bytes | str]) -> list[Run]:
             run.fail_seq, run.fail_t = seq, t
         else:
             run.exit_seq, run.exit_t = seq, t
+    for line in local_ends:
+        text = line.decode() if isinstance(line, bytes) else line
+        if not text.strip():
+            continue
+        try:
+            record = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            continue  # a torn last line (the write that the SIGKILL cut short)
+        found = runs.get(by_id.get(record.get("r", ""), -1))
+        if found is None or found.closed_t is not None:
+            continue  # Redis has it (the usual case)
+        t = float(record["t"])
+        found.late = found.local_end = True
+        # Seq 0: known to have ended, not where in the sequence (``closed_seq`` is None).
+        if record["ev"] == "end":
+            found.end_seq, found.end_t = 0, t
+        elif record["ev"] == "fail":
+            found.fail_seq, found.fail_t = 0, t
+        else:
+            found.exit_seq, found.exit_t = 0, t
     return sorted(runs.values(), key=lambda r: r.seq)
 
 
@@ -261,6 +287,7 @@ class CheckReport:
     duplicate_write_examples: dict[str, str] = field(default_factory=dict)
     failed_on_purpose: int = 0
     interrupted: int = 0
+    local_ends: int = 0  # runs whose end came from the worker's local file only
     anomalies: list[str] = field(default_factory=list)  # reported, not failing
 
     @property
@@ -359,6 +386,7 @@ def _check_loss(
             report.lost_entries.append(f"{a.shard} {a.entry} ({a.id})")
     report.failed_on_purpose = sum(1 for r in runs if r.fail_seq is not None)
     report.interrupted = sum(1 for r in runs if r.end_seq is None and r.fail_seq is None)
+    report.local_ends = sum(1 for r in runs if r.local_end)
 
 
 def _check_group_loss(

@@ -182,6 +182,7 @@ class ChaosResult:
             ("handler runs", str(r.runs)),
             ("  failed on purpose (flaky/poison)", str(r.failed_on_purpose)),
             ("  interrupted (no end record)", str(r.interrupted)),
+            ("  end known only from the worker's local file", str(r.local_ends)),
             ("acked messages handled", str(r.handled_ids)),
             (
                 "dead-lettered (poison / other)",
@@ -539,6 +540,7 @@ class ChaosRun:
             "CHAOS_SHARDS": str(self.config.shards),
             "CHAOS_GROUP": slot.group,
             "CHAOS_SYNC": "1" if slot.sync else "",
+            "CHAOS_ENDS_DIR": str(self.ends_dir),
         }
 
     def start_worker(self, slot: Slot) -> Proc:
@@ -601,6 +603,9 @@ class ChaosRun:
         workdir = config.workdir or Path(tempfile.mkdtemp(prefix="chaos-"))
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
+        # The workers' local end records (chaosapp: a run's end survives its SIGKILL).
+        self.ends_dir = workdir / "ends"
+        self.ends_dir.mkdir(exist_ok=True)
         self.say(f"chaos run, seed {config.seed}; replay with: {config.command()}")
         self.say(f"logs in {workdir}")
         self.say(f"fault schedule ({len(self.schedule)} faults):\n{format_schedule(self.schedule)}")
@@ -1247,7 +1252,12 @@ class ChaosRun:
     async def _check(self) -> CheckReport:
         reader = LogReader(self.redis)
         await reader.poll()
-        runs = parse_log(reader.lines)
+        local_ends = [
+            line
+            for path in sorted(self.ends_dir.glob("ends-*.jsonl"))
+            for line in path.read_bytes().splitlines()
+        ]
+        runs = parse_log(reader.lines, local_ends)
         acked = [a for p in self.producers for a in p.acked]
         dead = await self._dead_letters()
         report = check(

@@ -353,3 +353,25 @@ def test_a_late_group_must_handle_what_was_published_in_its_periods() -> None:
     missed = check(runs, published, dead, [], subscriptions=[Subscription("late", 5.0)])
     assert not missed.ok and len(missed.group_lost["late"]) == 1
     assert "e2-0" in missed.group_lost["late"][0]
+
+
+def test_an_end_record_that_died_with_its_process_is_taken_from_the_local_file() -> None:
+    # A's run ended at 5.0, but its Redis end record was lost with the SIGKILL at 8.0:
+    # only the worker's local file knows (a torn last line is ignored).
+    lines = [
+        _start(A, 1, "1-0", 4.0, f"3:{A}", run="1-1", seq=1),
+        _start(B, 2, "1-0", 7.0, f"4:{B}", run="2-1", seq=2),
+        _end("2-1", 7.5, 3),
+    ]
+    assert len(check(parse_log(lines), [], [], [], deaths={1: 8.0}).run_overlaps) == 1
+    local = [orjson.dumps({"r": "1-1", "ev": "end", "t": 5.0}), b'{"r": "1-2", "ev']
+    runs = parse_log(lines, local)
+    assert runs[0].closed_t == 5.0 and runs[0].local_end and runs[0].done
+    assert runs[0].closed_seq is None  # its place in the sequence is unknown
+    report = check(runs, [], [], [], deaths={1: 8.0})
+    assert report.run_overlaps == [] and report.local_ends == 1
+    # Redis's record wins where both exist; a local end past B's start is still caught.
+    late_local = [orjson.dumps({"r": "1-1", "ev": "exit", "t": 7.2})]
+    assert len(check(parse_log(lines, late_local), [], [], []).run_overlaps) == 1
+    both = [*lines, _end("1-1", 5.0, 4)]
+    assert parse_log(both, late_local)[0].closed_t == 5.0

@@ -16,7 +16,11 @@ under faults, and writes to the same log key with the same scripts' idea:
   deadline, a Redis error). A run's *interval* (entry to end) is what the checker's
   exclusive-processing check compares across members. An end record that cannot be
   written (Redis cut off) is kept and written by a later run of the same process
-  (marked ``late``), with the time the run really ended.
+  (marked ``late``), with the time the run really ended. Every end record is also
+  appended, before Redis sees it, to this process's own file in ``CHAOS_ENDS_DIR``
+  (``ends-<pid>.jsonl``): a ``write()`` that returned is in the kernel's page cache and
+  survives a SIGKILL of the process, so the checker knows when a run ended even when
+  its Redis write (or the buffered late record) died with the process.
 
 Records are compact JSON (short field names): a 30-minute run writes hundreds of
 thousands of them. A message may ask for ``work`` seconds of sleep inside the handler
@@ -29,7 +33,8 @@ count, default 4), ``CHAOS_SYNC`` (``1``: the handler is a plain ``def`` run in 
 thread, sleeping with ``time.sleep`` — it cannot be cancelled, so a run that outlives
 its lease makes the worker fail-stop, exit code 75), ``CHAOS_MAX_ATTEMPTS`` (default
 15: a handler whose Redis writes fail during a cut or a Redis restart fails attempts
-quickly), ``CHAOS_CONCURRENCY`` (default 16), ``CHAOS_ORDERING`` (default ``key``).
+quickly), ``CHAOS_CONCURRENCY`` (default 16), ``CHAOS_ORDERING`` (default ``key``),
+``CHAOS_ENDS_DIR`` (where the local end records go; none when unset).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ SYNC = os.environ.get("CHAOS_SYNC", "") == "1"
 MAX_ATTEMPTS = int(os.environ.get("CHAOS_MAX_ATTEMPTS", "15"))
 CONCURRENCY = int(os.environ.get("CHAOS_CONCURRENCY", "16"))
 ORDERING = cast(Literal["shard", "key", "none"], os.environ.get("CHAOS_ORDERING", "key"))
+ENDS_DIR = os.environ.get("CHAOS_ENDS_DIR", "")
 RETRY = RetryPolicy(max_attempts=MAX_ATTEMPTS, backoff=0.1, max_backoff=1.0)
 
 app = App(GROUP)
@@ -104,6 +110,25 @@ _unsent: list[str] = []
 _unsent_lock = threading.Lock()
 _sync_client: redis_sync.Redis | None = None
 _runs = itertools.count(1)
+_ends_fd: int | None = None
+_ends_lock = threading.Lock()
+
+
+def ends_file(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"ends-{pid}.jsonl")
+
+
+def _note_end(line: str) -> None:
+    """Append one end record to this process's local file (one ``write`` of a whole
+    line to an ``O_APPEND`` file: concurrent writers never interleave within it)."""
+    global _ends_fd
+    if not ENDS_DIR:
+        return
+    with _ends_lock:
+        if _ends_fd is None:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            _ends_fd = os.open(ends_file(ENDS_DIR, os.getpid()), flags, 0o644)
+        os.write(_ends_fd, (line + "\n").encode())
 
 
 def _take_unsent() -> list[str]:
@@ -176,8 +201,10 @@ async def _record_async(event: Event, ctx: Context) -> None:
     finally:
         ended = time.monotonic()
         record = {**head, "ev": _end_kind(error), "t": ended}
+        line = orjson.dumps(record).decode()
+        _note_end(line)
         late = _take_unsent()
-        records = [orjson.dumps(record).decode(), *late]
+        records = [line, *late]
         # Shielded: a run cancelled at its deadline still records when it ended.
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             try:
@@ -223,11 +250,11 @@ def _record_sync(event: Event, ctx: Context) -> None:
     finally:
         ended = time.monotonic()
         record = {**head, "ev": _end_kind(error), "t": ended}
+        line = orjson.dumps(record).decode()
+        _note_end(line)
         late = _take_unsent()
         try:
-            client.eval(
-                _END, 2, seq_key(prefix), log_key(prefix), orjson.dumps(record).decode(), *late
-            )
+            client.eval(_END, 2, seq_key(prefix), log_key(prefix), line, *late)
         except (RedisError, OSError):
             _keep_unsent([_late(record), *late])
 

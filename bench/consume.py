@@ -51,6 +51,7 @@ NOOP = (
     "raw-100",
     "raw-500",
     "streamworks",
+    "streamworks-lib",
     "faststream-100",
     "faststream-500",
     "taskiq",
@@ -70,8 +71,12 @@ CONFIG = {
     "raw-per-shard": "one asyncio task per shard, each XREADGROUP COUNT 100 on its shard; "
     "no-op; one XACK per batch; one process, one client (8 connections)",
     "raw-N": "one coroutine; XREADGROUP COUNT N per shard in turn; no-op; one XACK per batch",
-    "streamworks": "Worker, default Settings (read_batch 200, read_ahead 3, ack_batch 1000), "
-    "ordering='key', concurrency 64, StaticAssignment of the 8 shards, handler(payload: bytes)",
+    "streamworks": "a worker process as `streamworks worker` runs it: Worker, default Settings "
+    "(read_batch 200, read_ahead 3, ack_batch 1000), ordering='key', concurrency 64, "
+    "StaticAssignment of the 8 shards, handler(payload: bytes); the startup heap frozen "
+    "(freeze_startup_heap, as the command does once up)",
+    "streamworks-lib": "the same Worker embedded as a library, without freeze_startup_heap "
+    "(the cyclic collector rescans the startup heap)",
     "faststream-N": "8 x StreamSub(shard, group, consumer, batch=True, max_records=N), "
     "ack_policy=REJECT_ON_ERROR (ack after the handler, one XACK per batch), logger=None, "
     "handler(body: list[Any])",
@@ -269,12 +274,20 @@ async def _sw_write_fences(worker: Any, shards: list[Any]) -> None:
 
 
 async def sw_child(
-    url: str, group: str, stream: str, total: int, sleep: float = 0.0
+    url: str, group: str, stream: str, total: int, sleep: float = 0.0, freeze: bool = True
 ) -> dict[str, Any]:
-    """A streamworks ``Worker`` (default settings, ordering="key") on all shards."""
+    """A streamworks ``Worker`` (default settings, ordering="key") on all shards.
+
+    ``freeze``: as the ``streamworks worker`` command runs it, with the startup heap
+    (modules, app, clients) moved out of the cyclic collector's reach once up
+    (``freeze_startup_heap``); off, as a library embedding the Worker would run it."""
     import anyio
 
+    from streamworks.runtime.process import freeze_startup_heap
+
     worker, redis, shards = _sw_worker(url, group, stream, sleep)
+    if freeze:
+        freeze_startup_heap()  # before the clock starts, as the command does before work
     await _sw_write_fences(worker, shards)
     stats = worker.handlers[stream].statistics
     start = time.perf_counter()
@@ -456,10 +469,10 @@ async def _round(
                 count=100,
                 sleep=sleep,
             )
-        if name == "streamworks":
+        if name in ("streamworks", "streamworks-lib"):
             return suite.child(
                 _target("sw_child"), url=suite.url, group=group, stream=stream, total=total,
-                sleep=sleep,
+                sleep=sleep, freeze=name == "streamworks",
             )  # fmt: skip
         if name.startswith("faststream"):
             # faststream-N: batch subscribers reading N entries per XREADGROUP;
@@ -598,6 +611,9 @@ def print_results(results: dict[str, Any]) -> None:
         "one process) — the headline baseline; raw-100: one coroutine visiting the shards "
         "in turn",
     )
+    verdict = _verdict(noop["results"])
+    if verdict:
+        print(verdict)
     slow = results["consume_1ms"]
     if slow["results"]:
         common.print_table(
@@ -616,6 +632,21 @@ def print_results(results: dict[str, Any]) -> None:
             caption="sequential: one message after another (a raw loop awaiting the 1 ms "
             "handler per message); computed: exactly 1 ms per message",
         )
+
+
+def _verdict(rows: dict[str, Any]) -> str:
+    """The issue-14 targets in one line: streamworks ≥ 0.8× the one-task-per-shard raw
+    loop and ≥ 3× FastStream's fastest setting, from this run's medians."""
+    sw = rows.get("streamworks")
+    raw = rows.get(BASELINE)
+    if not sw or not raw:
+        return ""
+    line = f"streamworks: {sw['median'] / raw['median']:.2f}× {BASELINE} (target ≥ 0.8)"
+    fs = {n: r["median"] for n, r in rows.items() if n.startswith("faststream")}
+    if fs:
+        best = max(fs, key=lambda n: fs[n])
+        line += f", {sw['median'] / fs[best]:.1f}× the fastest FastStream ({best}; target ≥ 3)"
+    return line
 
 
 # -- profiling -----------------------------------------------------------------------------

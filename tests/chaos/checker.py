@@ -577,6 +577,9 @@ _CAUSES = (
     ("fail-stop", "pid", 0.0, "worker fail-stopped (exit 75: a sync run outlived its lease)"),
     ("unsubscribe", "all", 2.0, "group stopped, unsubscribed and resubscribed"),
 )
+#: An entry run before its group's unsubscribe and again after the resubscribe at
+#: ``earliest``: a re-read by design (at-least-once), checked before the faults.
+RESUBSCRIBED = "group unsubscribed, then resubscribed at earliest (re-reads the stream)"
 #: A Redis restart or a cut breaks every pooled connection of the worker; redis-py
 #: notices only when one is next used, which for an idle connection can be minutes
 #: later: that command (e.g. an ack flush) fails then, without any fault at that time.
@@ -589,6 +592,12 @@ def _cause(before: Run, after: Run, faults: Sequence[FaultWindow], born: float) 
     else a Redis restart or cut earlier in the life of that process (``born``: its
     first handler entry), whose broken connections fail on their next use."""
     lo, hi = before.entered, after.entered
+    for f in faults:
+        # The group was unsubscribed and subscribed again (at ``earliest``, on purpose)
+        # between the two runs: it re-reads what is still in the stream, whatever else
+        # happened meanwhile.
+        if f.kind == "unsubscribe" and f.target == before.group and lo < f.start <= f.end < hi:
+            return RESUBSCRIBED
     for kind, whose, slack, label in _CAUSES:
         for f in faults:
             if f.kind != kind or f.end + slack < lo or f.start > hi:

@@ -375,3 +375,28 @@ def test_an_end_record_that_died_with_its_process_is_taken_from_the_local_file()
     assert len(check(parse_log(lines, late_local), [], [], []).run_overlaps) == 1
     both = [*lines, _end("1-1", 5.0, 4)]
     assert parse_log(both, late_local)[0].closed_t == 5.0
+
+
+def test_a_re_read_after_the_groups_resubscribe_is_put_down_to_it_not_to_other_faults() -> None:
+    # e1 ran before its group was unsubscribed and again after the resubscribe at
+    # earliest, with a Redis restart in between: the resubscribe is the cause. e2 ran
+    # twice after it, with only the Redis restart to explain it.
+    h = History()
+    h.run(A, "1-0", "e1", fence=f"3:{A}", t=1.0)
+    h.run(B, "1-0", "e1", fence=f"4:{B}", t=9.0)
+    h.run(B, "2-0", "e2", fence=f"4:{B}", t=10.0)
+    h.run(B, "2-0", "e2", fence=f"4:{B}", t=12.0)
+    windows = [
+        FaultWindow("unsubscribe", "chaos", start=2.0, end=3.0, pids=(1,)),
+        FaultWindow("redis-restart", "redis", start=5.0, end=11.0, pids=()),
+    ]
+    report = check(h.runs(), acked("e1", "e2"), [], windows)
+    assert report.duplicate_runs == {
+        "group unsubscribed, then resubscribed at earliest (re-reads the stream)": 1,
+        "Redis restarted before the ack": 1,
+    }
+    # Another group's unsubscribe explains nothing here.
+    other = [FaultWindow("unsubscribe", "other", start=2.0, end=3.0, pids=()), windows[1]]
+    assert check(h.runs(), acked("e1", "e2"), [], other).duplicate_runs == {
+        "Redis restarted before the ack": 2
+    }

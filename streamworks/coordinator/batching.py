@@ -85,6 +85,10 @@ class Combiner(Generic[Item, Outcome]):
         self.on_batch = on_batch
         self._queues: dict[str, deque[_Waiter[Item, Outcome]]] = {}
 
+    def queued(self, key: str) -> int:
+        """How many requests of ``key`` wait to be taken by a holder."""
+        return len(self._queues.get(key, ()))
+
     async def submit(self, key: str, mutex_key: str, item: Item) -> Outcome:
         """``item``'s outcome, decided in a critical section on ``mutex_key`` together
         with the items of ``key`` queued at the same time.

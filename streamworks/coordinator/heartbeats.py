@@ -28,6 +28,7 @@ from streamworks.coordinator.core.changes import chain
 from streamworks.coordinator.core.model import FenceWrite
 from streamworks.coordinator.core.recovery import fence_after_regression
 from streamworks.coordinator.core.streams import StreamMeta
+from streamworks.coordinator.core.targets import assignment_due
 from streamworks.coordinator.discipline import WriteDiscipline
 from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.replica import ReplicaState
@@ -167,8 +168,14 @@ class HeartbeatHandler:
             stream_revs[name], metas[name] = entry
         # Decide on the cached state with an estimate of Redis time; only a decision
         # that changes nothing is used, and only if the revisions are still current.
+        now = self.replica.estimated_now()
+        if assignment_due(group, now, self.config):
+            # The step would compute a target (a change): with 1,000 members that is
+            # milliseconds of assignor per heartbeat, repeated by every heartbeat until
+            # one commits it, for a decision the short road cannot use.
+            return None, False
         topology = self.replica.topology_of(stream_revs, metas)
-        result = heartbeat(group, topology, request, self.replica.estimated_now(), self.config)
+        result = heartbeat(group, topology, request, now, self.config)
         if not result.is_noop or result.status is not HeartbeatStatus.OK:
             return None, False
         renewed, now_ms = await self.store.renew_lease(

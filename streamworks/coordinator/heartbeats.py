@@ -22,6 +22,7 @@ from streamworks.coordinator.core import (
     HeartbeatInput,
     HeartbeatResult,
     InvalidHeartbeat,
+    Topology,
     heartbeat,
 )
 from streamworks.coordinator.core.changes import chain
@@ -51,6 +52,16 @@ log = logging.getLogger("streamworks.coordinator")
 #: How long after another member's lease deadline a member is asked to heartbeat, so
 #: that the loop (which wakes at the deadline) has expired it and moved its shards.
 _AFTER_EXPIRY_MS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class _Decided:
+    """The steps of a batch: each request's outcome where it is decided without a
+    write, the kept steps (answered after the writes) and what the commit writes."""
+
+    outcomes: list[HeartbeatResponse | Exception | None]
+    kept: list[tuple[int, HeartbeatResult]]
+    steps: list[HeartbeatResult]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,33 +234,10 @@ class HeartbeatHandler:
         revs = {n: r for n, (r, _) in loaded_streams.items()}
         topology = self.replica.topology_of(revs, metas)
 
-        outcomes: list[HeartbeatResponse | Exception | None] = [None] * len(beats)
-        kept: list[tuple[int, HeartbeatResult]] = []  # answered after the writes
-        steps: list[HeartbeatResult] = []  # what the commit writes, in order
-        exists = bool(loaded.rev)  # in Redis, or created by a step of this batch
-        group = base
-        for i, beat in enumerate(beats):
-            request = beat.request
-            try:
-                if request.member_epoch == 0 and not exists:
-                    await self._check_new_group(group_id, request.subscriptions or ())
-                result = heartbeat(group, topology, request, loaded.now_ms, self.config)
-            except (InvalidHeartbeat, MetadataUnavailable) as e:
-                outcomes[i] = e  # this request only; the batch goes on without it
-                continue
-            if not exists and result.status is HeartbeatStatus.UNKNOWN_MEMBER:
-                # A group that does not exist: nothing to write, and in particular no
-                # group created from what an unknown member reports (E20).
-                outcomes[i] = self._response(result, request.member_id, group_id)
-                continue
-            if result.is_noop and not result.renews_lease:
-                outcomes[i] = self._response(result, request.member_id, group_id)
-                continue
-            kept.append((i, result))
-            if not result.is_noop:
-                steps.append(result)
-                group = result.group
-                exists = True
+        decided = await self._decide(
+            group_id, beats, base, bool(loaded.rev), topology, loaded.now_ms
+        )
+        outcomes, kept, steps = decided.outcomes, decided.kept, decided.steps
 
         # Consumer groups are provisioned (and the subscription registered, the evidence
         # E21 relies on) only for a group that exists in Redis or is committed now, never
@@ -314,6 +302,43 @@ class HeartbeatHandler:
         if refused:
             fenced = await self._after_refused_fences(group_id, new_rev, final, refused)
         return self._answers(group_id, beats, outcomes, kept, fenced)
+
+    async def _decide(
+        self,
+        group_id: str,
+        beats: Sequence[_Beat],
+        base: Group,
+        exists: bool,
+        topology: Topology,
+        now_ms: int,
+    ) -> _Decided:
+        """The core's step for each request in turn, each on the previous kept step's
+        group (``exists``: the group is in Redis)."""
+        decided = _Decided([None] * len(beats), [], [])
+        group = base
+        for i, beat in enumerate(beats):
+            request = beat.request
+            try:
+                if request.member_epoch == 0 and not exists:
+                    await self._check_new_group(group_id, request.subscriptions or ())
+                result = heartbeat(group, topology, request, now_ms, self.config)
+            except (InvalidHeartbeat, MetadataUnavailable) as e:
+                decided.outcomes[i] = e  # this request only; the batch goes on without it
+                continue
+            if not exists and result.status is HeartbeatStatus.UNKNOWN_MEMBER:
+                # A group that does not exist: nothing to write, and in particular no
+                # group created from what an unknown member reports (E20).
+                decided.outcomes[i] = self._response(result, request.member_id, group_id)
+                continue
+            if result.is_noop and not result.renews_lease:
+                decided.outcomes[i] = self._response(result, request.member_id, group_id)
+                continue
+            decided.kept.append((i, result))
+            if not result.is_noop:
+                decided.steps.append(result)
+                group = result.group
+                exists = True  # created by this step, if it was not
+        return decided
 
     def _answers(
         self,

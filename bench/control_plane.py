@@ -437,9 +437,26 @@ async def bench_members(
             if nodes is not None:
                 nodes.mark(None)
                 result["nodes"] = nodes.phases
+            result["sections"] = await critical_sections(ports)
     finally:
         procs.stop()
     return result
+
+
+async def critical_sections(ports: list[int]) -> dict[str, float]:
+    """Heartbeats that took the full road and the critical sections they took (group
+    commit: several per section), over the whole run, summed over the replicas."""
+    sections = served = 0.0
+    async with httpx.AsyncClient() as http:
+        for port in ports:
+            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+            for line in text.splitlines():
+                name, _, value = line.partition(" ")
+                if name == "streamworks_coordinator_heartbeat_batch_size_count":
+                    sections += float(value)
+                elif name == "streamworks_coordinator_heartbeat_batch_size_sum":
+                    served += float(value)
+    return {"full_road_heartbeats": served, "critical_sections": sections}
 
 
 def bench_assignment() -> dict[str, Any]:
@@ -475,7 +492,9 @@ async def run(args: argparse.Namespace) -> None:
                 f"{r['join_handoff_s'] / r['heartbeat_interval_s']:.1f} heartbeat intervals "
                 f"(target <= 2; {r['join_handoff_heartbeats']} heartbeats), "
                 f"heartbeat p50 {r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms, "
-                f"throughput {r['throughput_per_s']:,.0f}/s"
+                f"throughput {r['throughput_per_s']:,.0f}/s; "
+                f"{r['sections']['full_road_heartbeats']:,.0f} full-road heartbeats in "
+                f"{r['sections']['critical_sections']:,.0f} critical sections"
             )
         if not args.quick:
             results["failover"] = await bench_failover(server.url, args.failover_runs)
@@ -510,7 +529,9 @@ async def run_replicas(args: argparse.Namespace) -> None:
                 f"({r['join_handoff_heartbeats']} heartbeats); heartbeat p50 "
                 f"{r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms "
                 f"({r['latency_samples']} samples); served per replica {paced} /s paced, "
-                f"{saturated} /s saturated (total {r['throughput_per_s']:,.0f}/s)"
+                f"{saturated} /s saturated (total {r['throughput_per_s']:,.0f}/s); "
+                f"{r['sections']['full_road_heartbeats']:,.0f} full-road heartbeats in "
+                f"{r['sections']['critical_sections']:,.0f} critical sections"
             )
     finally:
         server.stop()

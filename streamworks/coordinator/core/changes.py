@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from streamworks.coordinator.core.holders import patched_holders
+from streamworks.coordinator.core.maps import copy_map
 from streamworks.coordinator.core.model import (
     FenceWrite,
     Group,
@@ -146,7 +147,7 @@ class GroupEdit:
         # One C-level copy of the member map per step (on the first write), never a
         # per-member walk; a map handed to a built group is never written again.
         if self._members is None or self._built:
-            self._members = dict(self.members)
+            self._members = copy_map(self.members)
             self._built = False
         return self._members
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from streamworks.coordinator.core.maps import copy_map
+
 if TYPE_CHECKING:
     from streamworks.coordinator.core.model import Group, Member
 
@@ -30,7 +32,7 @@ def patched_holders(
         if new is not None and new.quarantined:
             return holders_of(members)
     # Only live records hold anything now (tombstones with a quarantine recomputed).
-    holders = dict(original.holders())
+    holders = copy_map(original.holders())
     for member_id in ids:
         record = before.get(member_id)
         if record is not None and record.is_live:

@@ -188,9 +188,21 @@ class SimulatedMember:
         return bool(self.last) and not self.last.pending and not self.last.revoke
 
 
+#: Heartbeats the settling rounds keep in flight at once: a real fleet spreads its
+#: heartbeats over the interval; 10,000 sent at the same instant would only measure how
+#: long the replicas' Redis connection pools can queue them.
+SETTLE_IN_FLIGHT = 500
+
+
 async def settle(members: list[SimulatedMember], rounds: int = 200) -> None:
+    slots = asyncio.Semaphore(SETTLE_IN_FLIGHT)
+
+    async def beat(member: SimulatedMember) -> None:
+        async with slots:
+            await member.heartbeat()
+
     for _ in range(rounds):
-        await asyncio.gather(*(m.heartbeat() for m in members))
+        await asyncio.gather(*(beat(m) for m in members))
         if all(m.settled for m in members):
             return
     raise RuntimeError("simulated group did not settle")
@@ -361,6 +373,7 @@ async def bench_members(
             # Latency of steady no-change heartbeats, each member once per interval.
             latencies: list[float] = []
             per_replica = [0] * replicas
+            retried = [0]
             if nodes is not None:
                 nodes.mark("steady")
             t0 = time.monotonic()
@@ -368,8 +381,9 @@ async def bench_members(
 
             async def paced(member: SimulatedMember, offset: float) -> None:
                 # Each member on its own keep-alive connection through the lean client,
-                # so the numbers are the coordinator's, not the load generator's.
-                conn = LeanConnection("127.0.0.1", member.port)
+                # so the numbers are the coordinator's, not the load generator's (the
+                # member's own: 10,000 members must not hold 20,000 sockets).
+                conn = member.conn
                 body = {
                     "memberId": member.member_id,
                     "memberEpoch": member.epoch,
@@ -379,7 +393,12 @@ async def bench_members(
                 await asyncio.sleep(offset)
                 while time.monotonic() < deadline:
                     t = time.perf_counter()
-                    status, answer = await conn.post("/v1/groups/sim/heartbeat", body)
+                    for attempt in range(10):
+                        status, answer = await conn.post("/v1/groups/sim/heartbeat", body)
+                        if status == 200 or not answer.get("retryable") or attempt == 9:
+                            break
+                        retried[0] += 1  # as a client does: again, after a pause
+                        await asyncio.sleep(0.05 * (attempt + 1))
                     latencies.append(time.perf_counter() - t)
                     per_replica[member.replica] += 1
                     if status != 200 or answer["status"] != "OK":
@@ -397,6 +416,8 @@ async def bench_members(
             result["latency_p99_ms"] = percentile(latencies, 0.99) * 1000
             result["latency_samples"] = len(latencies)
             result["paced_per_replica_per_s"] = [n / paced_s for n in per_replica]
+            result["paced_retries"] = retried[0]
+            result["retries"] = sum(m.retries for m in group)
             # Throughput: no-change heartbeats back to back, 16 connections per replica,
             # through a lean HTTP client so the load generator is not the bottleneck.
             counts = [0] * replicas
@@ -437,7 +458,9 @@ async def bench_members(
             if nodes is not None:
                 nodes.mark(None)
                 result["nodes"] = nodes.phases
+            t0 = time.monotonic()
             result["sections"] = await critical_sections(ports)
+            result["metrics_scrape_s"] = (time.monotonic() - t0) / replicas
     finally:
         procs.stop()
     return result
@@ -447,7 +470,8 @@ async def critical_sections(ports: list[int]) -> dict[str, float]:
     """Heartbeats that took the full road and the critical sections they took (group
     commit: several per section), over the whole run, summed over the replicas."""
     sections = served = 0.0
-    async with httpx.AsyncClient() as http:
+    # /metrics renders the status of every group first: seconds at 10,000 members.
+    async with httpx.AsyncClient(timeout=120) as http:
         for port in ports:
             text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
             for line in text.splitlines():
@@ -528,7 +552,8 @@ async def run_replicas(args: argparse.Namespace) -> None:
                 f"{r['join_handoff_s'] / r['heartbeat_interval_s']:.1f} heartbeat intervals "
                 f"({r['join_handoff_heartbeats']} heartbeats); heartbeat p50 "
                 f"{r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms "
-                f"({r['latency_samples']} samples); served per replica {paced} /s paced, "
+                f"({r['latency_samples']} samples, {r['paced_retries']} retried; "
+                f"{r['retries']} retries while forming); served per replica {paced} /s paced, "
                 f"{saturated} /s saturated (total {r['throughput_per_s']:,.0f}/s); "
                 f"{r['sections']['full_road_heartbeats']:,.0f} full-road heartbeats in "
                 f"{r['sections']['critical_sections']:,.0f} critical sections"

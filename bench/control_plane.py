@@ -19,6 +19,12 @@ a real coordinator subprocess (`streamworks coordinator`) reached over HTTP:
 
 Run: ``python bench/control_plane.py`` (``--quick`` for a short run).
 
+``--replicas N`` (with ``--interval S``): the member benchmarks with the simulated
+members spread round-robin over N coordinator replicas (separate processes, one Redis),
+all heartbeating every S seconds; prints the hand-off, p50/p99 and what each replica
+served, paced and saturated. E.g. ``--replicas 3 --members 10000 --interval 10
+--seconds 30``. Writes ``bench/results/control_plane_replicas_<N>.json``.
+
 ``--cluster``: the heartbeat benchmarks on a single node and on a local Redis Cluster
 (3 masters + 3 replicas) in the same run, with the load each Redis node carries —
 commands/s and CPU (``INFO stats``/``INFO cpu`` deltas) while every member heartbeats
@@ -73,40 +79,49 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Processes:
-    def __init__(self, redis_url: str, port: int, env: dict[str, str]) -> None:
+    def __init__(self, redis_url: str, port: int | list[int], env: dict[str, str]) -> None:
+        self.ports = port if isinstance(port, list) else [port]
         self.env = {
             **os.environ,
             "STREAMWORKS_REDIS_URL": redis_url,
-            "STREAMWORKS_COORDINATOR_URLS": f"http://127.0.0.1:{port}",
-            "STREAMWORKS_COORDINATOR__PORT": str(port),
+            "STREAMWORKS_COORDINATOR_URLS": ",".join(f"http://127.0.0.1:{p}" for p in self.ports),
+            "STREAMWORKS_COORDINATOR__PORT": str(self.ports[0]),
             "STREAMWORKS_WORKER__HTTP_PORT": "0",  # several workers: a free port each
             "PYTHONPATH": str(ROOT),
             **env,
         }
-        self.port = port
+        self.port = self.ports[0]
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
+    def start(self, *args: str, port: int | None = None) -> subprocess.Popen[bytes]:
+        env = self.env if port is None else {**self.env, "STREAMWORKS_COORDINATOR__PORT": str(port)}
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamworks", *args, "--log-level", "WARNING"],
-            env=self.env,
+            env=env,
             stdout=subprocess.DEVNULL,
             stderr=open(f"/tmp/bench-{args[0]}-{len(self.procs)}.log", "wb"),  # noqa: SIM115
         )
         self.procs.append(proc)
         return proc
 
+    def start_coordinators(self) -> None:
+        """One coordinator replica per port (same Redis, same key prefix)."""
+        for port in self.ports:
+            self.start("coordinator", port=port)
+
     async def ready(self) -> None:
         async with httpx.AsyncClient() as http:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                try:
-                    if (await http.get(f"http://127.0.0.1:{self.port}/readyz")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.05)
-        raise TimeoutError("coordinator not ready")
+            for port in self.ports:
+                deadline = time.monotonic() + 20
+                while True:
+                    try:
+                        if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"coordinator on port {port} not ready")
+                    await asyncio.sleep(0.05)
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -123,11 +138,16 @@ class SimulatedMember:
     """An honest protocol client: it reports exactly what it was granted and drops
     revoked shards at once (a worker with nothing in flight)."""
 
-    def __init__(self, client: CoordinatorClient, group: str, streams: list[str]) -> None:
+    def __init__(
+        self, client: CoordinatorClient, group: str, streams: list[str], replica: int = 0
+    ) -> None:
         # Its own keep-alive connection through the lean client (httpx would make the
-        # load generator, not the coordinator, the bottleneck with 1,000 members).
-        host, _, port = client.urls[0].removeprefix("http://").partition(":")
-        self.conn = LeanConnection(host, int(port))
+        # load generator, not the coordinator, the bottleneck with 1,000 members), to
+        # one replica (members spread over the replicas round-robin).
+        host, _, port = client.urls[replica].removeprefix("http://").partition(":")
+        self.replica = replica
+        self.port = int(port)
+        self.conn = LeanConnection(host, self.port)
         self.group = group
         self.streams = streams
         self.member_id = uuid.uuid4().hex
@@ -168,9 +188,21 @@ class SimulatedMember:
         return bool(self.last) and not self.last.pending and not self.last.revoke
 
 
+#: Heartbeats the settling rounds keep in flight at once: a real fleet spreads its
+#: heartbeats over the interval; 10,000 sent at the same instant would only measure how
+#: long the replicas' Redis connection pools can queue them.
+SETTLE_IN_FLIGHT = 500
+
+
 async def settle(members: list[SimulatedMember], rounds: int = 200) -> None:
+    slots = asyncio.Semaphore(SETTLE_IN_FLIGHT)
+
+    async def beat(member: SimulatedMember) -> None:
+        async with slots:
+            await member.heartbeat()
+
     for _ in range(rounds):
-        await asyncio.gather(*(m.heartbeat() for m in members))
+        await asyncio.gather(*(beat(m) for m in members))
         if all(m.settled for m in members):
             return
     raise RuntimeError("simulated group did not settle")
@@ -268,21 +300,40 @@ async def bench_members(
     members: int,
     seconds: float,
     load: Callable[[str], NodeLoad] | None = None,
+    *,
+    replicas: int = 1,
+    interval: float = 1.0,
 ) -> dict[str, Any]:
-    port = free_port()
+    """Join hand-off, paced heartbeat latency and saturated throughput of ``members``
+    simulated members spread round-robin over ``replicas`` coordinator replicas, all
+    heartbeating every ``interval`` seconds (the coordinators' ``heartbeat_interval``;
+    the lease is 10 s or 3 intervals)."""
+    ports = [free_port() for _ in range(replicas)]
     prefix = f"hb{uuid.uuid4().hex[:6]}"
-    procs = Processes(redis_url, port, {"STREAMWORKS_KEY_PREFIX": prefix})
-    result: dict[str, Any] = {"members": members}
+    env = {
+        "STREAMWORKS_KEY_PREFIX": prefix,
+        "STREAMWORKS_HEARTBEAT_INTERVAL": str(interval),
+        "STREAMWORKS_LEASE_TTL": str(max(10.0, 3 * interval)),
+    }
+    procs = Processes(redis_url, ports, env)
+    result: dict[str, Any] = {"members": members, "replicas": replicas}
     nodes = load(prefix) if load is not None else None
     try:
-        procs.start("coordinator")
+        procs.start_coordinators()
         await procs.ready()
-        async with CoordinatorClient([f"http://127.0.0.1:{port}"], timeout=30) as client:
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        async with CoordinatorClient(urls, timeout=60) as client:
             await client.create_stream("events", min(4096, max(256, 2 * members)))
-            group = [SimulatedMember(client, "sim", ["events"]) for _ in range(members)]
+
+            def member(i: int) -> SimulatedMember:
+                return SimulatedMember(client, "sim", ["events"], replica=i % replicas)
+
+            group = [member(i) for i in range(members)]
+            t0 = time.monotonic()
             for i in range(0, members, 50):  # join in waves, as a deployment would
                 await asyncio.gather(*(m.heartbeat() for m in group[i : i + 50]))
             await settle(group)
+            result["form_s"] = time.monotonic() - t0
             # Join hand-off: every member heartbeats on the schedule the coordinator
             # gives it (fast while it has revocations or pending shards); a newcomer
             # joins; time from its join until it holds its whole target.
@@ -292,17 +343,18 @@ async def bench_members(
                 await asyncio.sleep(offset)
                 while not stop.is_set():
                     await member.heartbeat()
-                    wait = member.last.heartbeat_interval_ms / 1000 if member.last else 1.0
+                    wait = member.last.heartbeat_interval_ms / 1000 if member.last else interval
                     try:
                         await asyncio.wait_for(stop.wait(), wait)
                     except TimeoutError:
                         pass
 
             background = [
-                asyncio.create_task(on_schedule(m, i / len(group))) for i, m in enumerate(group)
+                asyncio.create_task(on_schedule(m, interval * i / len(group)))
+                for i, m in enumerate(group)
             ]
-            await asyncio.sleep(1.0)  # every member on its schedule
-            newcomer = SimulatedMember(client, "sim", ["events"])
+            await asyncio.sleep(interval)  # every member on its schedule
+            newcomer = member(0)
             started = time.monotonic()
             await newcomer.heartbeat()
             beats = 1
@@ -313,21 +365,25 @@ async def bench_members(
                 beats += 1
             result["join_handoff_s"] = time.monotonic() - started
             result["join_handoff_heartbeats"] = beats
-            result["heartbeat_interval_s"] = 1.0
+            result["heartbeat_interval_s"] = interval
             stop.set()
             await asyncio.gather(*background)
             group.append(newcomer)
             await settle(group)
             # Latency of steady no-change heartbeats, each member once per interval.
             latencies: list[float] = []
+            per_replica = [0] * replicas
+            retried = [0]
             if nodes is not None:
                 nodes.mark("steady")
-            deadline = time.monotonic() + seconds
+            t0 = time.monotonic()
+            deadline = t0 + seconds
 
             async def paced(member: SimulatedMember, offset: float) -> None:
                 # Each member on its own keep-alive connection through the lean client,
-                # so the numbers are the coordinator's, not the load generator's.
-                conn = LeanConnection("127.0.0.1", port)
+                # so the numbers are the coordinator's, not the load generator's (the
+                # member's own: 10,000 members must not hold 20,000 sockets).
+                conn = member.conn
                 body = {
                     "memberId": member.member_id,
                     "memberEpoch": member.epoch,
@@ -337,22 +393,34 @@ async def bench_members(
                 await asyncio.sleep(offset)
                 while time.monotonic() < deadline:
                     t = time.perf_counter()
-                    status, answer = await conn.post("/v1/groups/sim/heartbeat", body)
+                    for attempt in range(10):
+                        status, answer = await conn.post("/v1/groups/sim/heartbeat", body)
+                        if status == 200 or not answer.get("retryable") or attempt == 9:
+                            break
+                        retried[0] += 1  # as a client does: again, after a pause
+                        await asyncio.sleep(0.05 * (attempt + 1))
                     latencies.append(time.perf_counter() - t)
+                    per_replica[member.replica] += 1
                     if status != 200 or answer["status"] != "OK":
                         raise RuntimeError(f"heartbeat failed: {status} {answer}")
-                    await asyncio.sleep(1.0)
+                    await asyncio.sleep(interval)
                 await conn.close()
 
-            await asyncio.gather(*(paced(m, i / len(group)) for i, m in enumerate(group)))
+            await asyncio.gather(
+                *(paced(m, interval * i / len(group)) for i, m in enumerate(group))
+            )
+            paced_s = time.monotonic() - t0
             if nodes is not None:
                 nodes.mark(None)
             result["latency_p50_ms"] = percentile(latencies, 0.5) * 1000
             result["latency_p99_ms"] = percentile(latencies, 0.99) * 1000
             result["latency_samples"] = len(latencies)
-            # Throughput: no-change heartbeats back to back, 16 connections, through
-            # a lean HTTP client so the load generator is not the bottleneck.
-            count = 0
+            result["paced_per_replica_per_s"] = [n / paced_s for n in per_replica]
+            result["paced_retries"] = retried[0]
+            result["retries"] = sum(m.retries for m in group)
+            # Throughput: no-change heartbeats back to back, 16 connections per replica,
+            # through a lean HTTP client so the load generator is not the bottleneck.
+            counts = [0] * replicas
             deadline = time.monotonic() + seconds
             bodies = [
                 {
@@ -363,10 +431,12 @@ async def bench_members(
                 }
                 for m in group
             ]
+            streams = 16 * replicas
 
             async def hammer(k: int) -> None:
-                nonlocal count
-                conn = LeanConnection("127.0.0.1", port)
+                # Connection k sends the bodies of the members of replica k % replicas.
+                replica = k % replicas
+                conn = LeanConnection("127.0.0.1", ports[replica])
                 i = k
                 while time.monotonic() < deadline:
                     status, body = await conn.post(
@@ -374,21 +444,43 @@ async def bench_members(
                     )
                     if status != 200 or body["status"] != "OK":
                         raise RuntimeError(f"heartbeat failed: {status} {body}")
-                    count += 1
-                    i += 16
+                    counts[replica] += 1
+                    i += streams
                 await conn.close()
 
             if nodes is not None:
                 nodes.mark("saturated")
             t0 = time.monotonic()
-            await asyncio.gather(*(hammer(k) for k in range(16)))
-            result["throughput_per_s"] = count / (time.monotonic() - t0)
+            await asyncio.gather(*(hammer(k) for k in range(streams)))
+            elapsed = time.monotonic() - t0
+            result["throughput_per_s"] = sum(counts) / elapsed
+            result["throughput_per_replica_per_s"] = [n / elapsed for n in counts]
             if nodes is not None:
                 nodes.mark(None)
                 result["nodes"] = nodes.phases
+            t0 = time.monotonic()
+            result["sections"] = await critical_sections(ports)
+            result["metrics_scrape_s"] = (time.monotonic() - t0) / replicas
     finally:
         procs.stop()
     return result
+
+
+async def critical_sections(ports: list[int]) -> dict[str, float]:
+    """Heartbeats that took the full road and the critical sections they took (group
+    commit: several per section), over the whole run, summed over the replicas."""
+    sections = served = 0.0
+    # /metrics renders the status of every group first: seconds at 10,000 members.
+    async with httpx.AsyncClient(timeout=120) as http:
+        for port in ports:
+            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+            for line in text.splitlines():
+                name, _, value = line.partition(" ")
+                if name == "streamworks_coordinator_heartbeat_batch_size_count":
+                    sections += float(value)
+                elif name == "streamworks_coordinator_heartbeat_batch_size_sum":
+                    served += float(value)
+    return {"full_road_heartbeats": served, "critical_sections": sections}
 
 
 def bench_assignment() -> dict[str, Any]:
@@ -424,7 +516,9 @@ async def run(args: argparse.Namespace) -> None:
                 f"{r['join_handoff_s'] / r['heartbeat_interval_s']:.1f} heartbeat intervals "
                 f"(target <= 2; {r['join_handoff_heartbeats']} heartbeats), "
                 f"heartbeat p50 {r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms, "
-                f"throughput {r['throughput_per_s']:,.0f}/s"
+                f"throughput {r['throughput_per_s']:,.0f}/s; "
+                f"{r['sections']['full_road_heartbeats']:,.0f} full-road heartbeats in "
+                f"{r['sections']['critical_sections']:,.0f} critical sections"
             )
         if not args.quick:
             results["failover"] = await bench_failover(server.url, args.failover_runs)
@@ -434,6 +528,41 @@ async def run(args: argparse.Namespace) -> None:
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "control_plane.json").write_text(json.dumps(results, indent=2))
+
+
+async def run_replicas(args: argparse.Namespace) -> None:
+    """The member benchmarks with the fleet spread over several coordinator replicas."""
+    server = EmbeddedRedis().start()
+    results: dict[str, Any] = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}"
+    }
+    try:
+        print(f"# {results['machine']}")
+        for n in args.members:
+            r = await bench_members(
+                server.url, n, args.seconds, replicas=args.replicas, interval=args.interval
+            )
+            results[f"members_{n}_replicas_{args.replicas}"] = r
+            paced = " / ".join(f"{x:,.0f}" for x in r["paced_per_replica_per_s"])
+            saturated = " / ".join(f"{x:,.0f}" for x in r["throughput_per_replica_per_s"])
+            print(
+                f"{n:5d} members over {args.replicas} replicas, heartbeat every "
+                f"{args.interval:g} s: formed in {r['form_s']:.0f} s; join hand-off "
+                f"{r['join_handoff_s'] * 1000:.0f} ms = "
+                f"{r['join_handoff_s'] / r['heartbeat_interval_s']:.1f} heartbeat intervals "
+                f"({r['join_handoff_heartbeats']} heartbeats); heartbeat p50 "
+                f"{r['latency_p50_ms']:.2f} ms p99 {r['latency_p99_ms']:.2f} ms "
+                f"({r['latency_samples']} samples, {r['paced_retries']} retried; "
+                f"{r['retries']} retries while forming); served per replica {paced} /s paced, "
+                f"{saturated} /s saturated (total {r['throughput_per_s']:,.0f}/s); "
+                f"{r['sections']['full_road_heartbeats']:,.0f} full-road heartbeats in "
+                f"{r['sections']['critical_sections']:,.0f} critical sections"
+            )
+    finally:
+        server.stop()
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / f"control_plane_replicas_{args.replicas}.json").write_text(json.dumps(results, indent=2))
 
 
 async def run_cluster(args: argparse.Namespace) -> None:
@@ -483,8 +612,28 @@ def main() -> None:
         help="heartbeat benchmarks on one node and on a local 3-master cluster, with the "
         "commands/s and CPU of every Redis node",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="spread the simulated members round-robin over this many coordinator "
+        "replicas (e.g. --replicas 3 --members 10000 --interval 10); skips the "
+        "assignment and failover benchmarks",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="heartbeat interval of the coordinators (and so of the simulated fleet), "
+        "seconds; with --replicas only",
+    )
     args = parser.parse_args()
-    asyncio.run(run_cluster(args) if args.cluster else run(args))
+    if args.cluster:
+        asyncio.run(run_cluster(args))
+    elif args.replicas > 1 or args.interval != 1.0:
+        asyncio.run(run_replicas(args))
+    else:
+        asyncio.run(run(args))
 
 
 if __name__ == "__main__":

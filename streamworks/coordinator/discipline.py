@@ -30,13 +30,17 @@ class WriteDiscipline:
         self._drained = anyio.Event()
         self._local_locks: dict[str, anyio.Lock] = {}
 
+    def lock(self, mutex_key: str) -> anyio.Lock:
+        """The local lock of ``mutex_key``: requests for the same key queue on it first,
+        so a burst (a fleet of workers joining at once) takes the Redis mutex one at a
+        time instead of all polling it; the Redis mutex then only arbitrates between
+        replicas. A holder may serve the requests queued behind it (``batching.py``)."""
+        return self._local_locks.setdefault(mutex_key, anyio.Lock())
+
     @contextlib.asynccontextmanager
     async def critical(self, mutex_key: str) -> AsyncIterator[None]:
-        """A critical section on ``mutex_key``: gate, mutex, shielded body, release.
-
-        Requests for the same key queue on a local lock first, so a burst (a fleet of
-        workers joining at once) takes the Redis mutex one at a time instead of all
-        polling it; the Redis mutex then only arbitrates between replicas.
+        """A critical section on ``mutex_key``: gate, local lock, mutex, shielded body,
+        release.
 
         Raises:
             Terminating: the replica is terminating (nothing was started).
@@ -44,19 +48,30 @@ class WriteDiscipline:
         """
         if self.terminating:
             raise Terminating()
-        lock = self._local_locks.setdefault(mutex_key, anyio.Lock())
-        async with lock:
-            if self.terminating:
-                raise Terminating()  # still before the gate: nothing started
-            self._inflight += 1
-            try:
-                with anyio.CancelScope(shield=True):
-                    async with self.store.mutex(mutex_key):
-                        yield
-            finally:
-                self._inflight -= 1
-                if self.terminating and self._inflight == 0:
-                    self._drained.set()
+        async with self.lock(mutex_key), self.locked(mutex_key):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def locked(self, mutex_key: str) -> AsyncIterator[None]:
+        """The rest of a critical section, for a caller holding :meth:`lock`: the gate
+        once more (still before anything started), then the Redis mutex and the body,
+        shielded from cancellation so a terminating replica finishes what it started.
+
+        Raises:
+            Terminating: the replica is terminating (nothing was started).
+            MutexTimeout: the Redis mutex stayed taken.
+        """
+        if self.terminating:
+            raise Terminating()
+        self._inflight += 1
+        try:
+            with anyio.CancelScope(shield=True):
+                async with self.store.mutex(mutex_key):
+                    yield
+        finally:
+            self._inflight -= 1
+            if self.terminating and self._inflight == 0:
+                self._drained.set()
 
     async def terminate(self, timeout: float = 10.0) -> None:
         """Enter terminating mode (E4) and wait for in-flight critical sections."""

@@ -11,19 +11,25 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
+from streamworks.coordinator.batching import DEFAULT_MAX_BATCH, Combiner
 from streamworks.coordinator.core import (
     CoreConfig,
     Group,
+    GroupChange,
     HeartbeatInput,
     HeartbeatResult,
     InvalidHeartbeat,
+    Topology,
     heartbeat,
 )
+from streamworks.coordinator.core.changes import chain
 from streamworks.coordinator.core.model import FenceWrite
 from streamworks.coordinator.core.recovery import fence_after_regression
 from streamworks.coordinator.core.streams import StreamMeta
+from streamworks.coordinator.core.targets import assignment_due
 from streamworks.coordinator.discipline import WriteDiscipline
 from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.replica import ReplicaState
@@ -48,6 +54,24 @@ log = logging.getLogger("streamworks.coordinator")
 _AFTER_EXPIRY_MS = 100
 
 
+@dataclass(frozen=True, slots=True)
+class _Decided:
+    """The steps of a batch: each request's outcome where it is decided without a
+    write, the kept steps (answered after the writes) and what the commit writes."""
+
+    outcomes: list[HeartbeatResponse | Exception | None]
+    kept: list[tuple[int, HeartbeatResult]]
+    steps: list[HeartbeatResult]
+
+
+@dataclass(frozen=True, slots=True)
+class _Beat:
+    """A heartbeat waiting for the full road."""
+
+    request: HeartbeatInput
+    starts: Mapping[str, StartPosition]
+
+
 class HeartbeatHandler:
     """Answers the heartbeats of every group on one replica."""
 
@@ -62,6 +86,7 @@ class HeartbeatHandler:
         discipline: WriteDiscipline,
         replica: ReplicaState,
         subscriptions: Subscriptions,
+        max_batch: int = DEFAULT_MAX_BATCH,
     ) -> None:
         self.store = store
         self.keyspace = keyspace
@@ -71,6 +96,10 @@ class HeartbeatHandler:
         self.discipline = discipline
         self.replica = replica
         self.subscriptions = subscriptions
+        #: Heartbeats queued behind a group's critical section are decided together.
+        self.batches: Combiner[_Beat, HeartbeatResponse] = Combiner(
+            discipline, self._batch, max_batch=max_batch, on_batch=metrics.heartbeat_batch.observe
+        )
 
     async def handle(self, group_id: str, body: HeartbeatRequest) -> HeartbeatResponse:
         """Answer one heartbeat of ``group_id``.
@@ -150,8 +179,14 @@ class HeartbeatHandler:
             stream_revs[name], metas[name] = entry
         # Decide on the cached state with an estimate of Redis time; only a decision
         # that changes nothing is used, and only if the revisions are still current.
+        now = self.replica.estimated_now()
+        if assignment_due(group, now, self.config):
+            # The step would compute a target (a change): with 1,000 members that is
+            # milliseconds of assignor per heartbeat, repeated by every heartbeat until
+            # one commits it, for a decision the short road cannot use.
+            return None, False
         topology = self.replica.topology_of(stream_revs, metas)
-        result = heartbeat(group, topology, request, self.replica.estimated_now(), self.config)
+        result = heartbeat(group, topology, request, now, self.config)
         if not result.is_noop or result.status is not HeartbeatStatus.OK:
             return None, False
         renewed, now_ms = await self.store.renew_lease(
@@ -165,127 +200,226 @@ class HeartbeatHandler:
     async def _full(
         self, group_id: str, request: HeartbeatInput, starts: Mapping[str, StartPosition]
     ) -> HeartbeatResponse:
-        async with self.discipline.critical(self.keyspace.group_mutex(group_id)):
-            for _ in range(self.cas_retries):
-                loaded = await self.store.load_group(group_id)
-                self.replica.saw_redis_time(loaded.now_ms)
-                group = loaded.group
-                if group is None:
-                    if request.member_epoch != 0:
-                        group = Group(group_id)  # unknown group: the core answers UNKNOWN_MEMBER
-                    else:
-                        group = await self._new_group(group_id, request.subscriptions or ())
-                names = set(group.live_subscriptions())
-                names |= request.subscriptions or frozenset()
-                loaded_streams = await self.store.load_streams(names)
-                metas = {n: m for n, (_, m) in loaded_streams.items() if m is not None}
-                revs = {n: r for n, (r, _) in loaded_streams.items()}
-                topology = self.replica.topology_of(revs, metas)
-                result = heartbeat(group, topology, request, loaded.now_ms, self.config)
-                if not loaded.rev and result.status is HeartbeatStatus.UNKNOWN_MEMBER:
-                    # A group that does not exist: nothing to write, and in particular no
-                    # group created from what an unknown member reports (E20).
-                    return self._response(result, request.member_id, group_id)
-                # Consumer groups are provisioned (and the subscription registered, the
-                # evidence E21 relies on) only for a group that exists in Redis or is
-                # committed now, never for a request that fails validation or a refusal.
-                wanted = (
-                    result.group.live_subscriptions()
-                    if result.changed_members
-                    else group.live_subscriptions()
-                )
-                # Streams that do not exist yet are included: the subscription is
-                # recorded, so the stream is created with this group's consumer groups.
-                subscribed = {n: loaded_streams[n] for n in wanted if n in loaded_streams}
-                if result.is_noop and loaded.rev:
-                    await self.subscriptions.ensure(group_id, subscribed, starts)
-                    if not result.renews_lease:
-                        return self._response(result, request.member_id, group_id)
-                    renewed, _ = await self.store.renew_lease(
-                        group_id, request.member_id, self.config.lease_ttl_ms, loaded.rev, revs
-                    )
-                    if renewed:
-                        return self._response(result, request.member_id, group_id)
-                    # The lease entry ran out before the loop expired the member: the
-                    # member is still live in the metadata, so renewing is what a
-                    # heartbeat in time would have done; it takes a commit.
-                elif result.is_noop and not result.renews_lease:
-                    return self._response(result, request.member_id, group_id)
-                new_rev = await self.store.commit_group(
-                    loaded.rev,
-                    result.group,
-                    now_ms=loaded.now_ms,
-                    header_changed=result.header_changed,
-                    changed=result.changed_members,
-                    removed=result.removed_members,
-                    renew=[request.member_id] if result.renews_lease else [],
-                    lease_ttl_ms=self.config.lease_ttl_ms,
-                )
-                if new_rev is None:
-                    self.metrics.conflicts.inc()
-                    continue
-                await self.subscriptions.ensure(group_id, subscribed, starts)  # before any grant
-                if result.group.target_epoch != group.target_epoch:
-                    self.metrics.rebalances.labels(group_id).inc()
-                self.metrics.observe_group(
-                    group_id,
-                    group_epoch=result.group.group_epoch,
-                    live_members=result.group.live_count(),
-                )
-                refused = await self.store.write_fences(group_id, result.fences)
-                if refused:
-                    return await self._after_refused_fence(
-                        group_id, new_rev, result.group, request, refused
-                    )
-                return self._response(result, request.member_id, group_id)
-        raise Conflict(f"group {group_id!r}: lost the compare-and-set repeatedly; retry")
+        return await self.batches.submit(
+            group_id, self.keyspace.group_mutex(group_id), _Beat(request, starts)
+        )
 
-    async def _after_refused_fence(
+    async def _batch(
+        self, group_id: str, beats: Sequence[_Beat]
+    ) -> list[HeartbeatResponse | Exception]:
+        """The heartbeats of ``group_id`` queued behind one critical section, inside it:
+        one load, the core's step for each request in turn on the previous one's
+        result, one commit of the merged change set, one fence pipeline. A lost
+        compare-and-set retries the whole batch (bounded, then ``CONFLICT`` for all)."""
+        for _ in range(self.cas_retries):
+            outcomes = await self._attempt(group_id, beats)
+            if outcomes is not None:
+                return outcomes
+            self.metrics.conflicts.inc()
+        conflict = Conflict(f"group {group_id!r}: lost the compare-and-set repeatedly; retry")
+        return [conflict] * len(beats)
+
+    async def _attempt(
+        self, group_id: str, beats: Sequence[_Beat]
+    ) -> list[HeartbeatResponse | Exception] | None:
+        """One try of :meth:`_batch`; None when the compare-and-set was lost."""
+        loaded = await self.store.load_group(group_id)
+        self.replica.saw_redis_time(loaded.now_ms)
+        base = loaded.group if loaded.group is not None else Group(group_id)
+        names = set(base.live_subscriptions())
+        for beat in beats:
+            names |= beat.request.subscriptions or frozenset()
+        loaded_streams = await self.store.load_streams(names)
+        metas = {n: m for n, (_, m) in loaded_streams.items() if m is not None}
+        revs = {n: r for n, (r, _) in loaded_streams.items()}
+        topology = self.replica.topology_of(revs, metas)
+
+        decided = await self._decide(
+            group_id, beats, base, bool(loaded.rev), topology, loaded.now_ms
+        )
+        outcomes, kept, steps = decided.outcomes, decided.kept, decided.steps
+
+        # Consumer groups are provisioned (and the subscription registered, the evidence
+        # E21 relies on) only for a group that exists in Redis or is committed now, never
+        # for a request that fails validation or a refusal; for every state a step
+        # commits, as each would have been had the steps committed one by one. Streams
+        # that do not exist yet are included: the subscription is recorded, so the
+        # stream is created with this group's consumer groups.
+        wanted = (
+            set(base.live_subscriptions()) if not any(s.changed_members for s in steps) else set()
+        )
+        for step in steps:
+            if step.changed_members:
+                wanted |= step.group.live_subscriptions()
+        subscribed = {n: loaded_streams[n] for n in wanted if n in loaded_streams}
+        starts: dict[str, StartPosition] = {}
+        for i, _ in kept:
+            for stream, start in beats[i].starts.items():
+                starts.setdefault(stream, start)  # the first to subscribe chooses
+        renewing = [beats[i].request.member_id for i, r in kept if r.renews_lease]
+
+        if not steps:
+            # Nothing to write: renew the leases of the no-change heartbeats (checked
+            # by revision, as on the short road). A lease entry that ran out before
+            # the loop expired its member takes a commit: the member is still live in
+            # the metadata, so renewing is what a heartbeat in time would have done.
+            if loaded.rev:
+                await self.subscriptions.ensure(group_id, subscribed, starts)
+            renewed = await self.store.renew_leases(
+                group_id, renewing, self.config.lease_ttl_ms, loaded.rev, revs
+            )
+            renew = [m for m, ok in zip(renewing, renewed, strict=True) if not ok]
+            if not renew:
+                return self._answers(group_id, beats, outcomes, kept, {})
+        else:
+            renew = list(dict.fromkeys(renewing))
+        change = chain(base, steps)
+        final = change.group
+        renew = [m for m in renew if (rec := final.members.get(m)) is not None and rec.is_live]
+        new_rev = await self.store.commit_group(
+            loaded.rev,
+            final,
+            now_ms=loaded.now_ms,
+            header_changed=change.header_changed,
+            changed=change.changed_members,
+            removed=change.removed_members,
+            renew=renew,
+            lease_ttl_ms=self.config.lease_ttl_ms,
+        )
+        if new_rev is None:
+            return None
+        await self.subscriptions.ensure(group_id, subscribed, starts)  # before any grant
+        previous = base
+        for step in steps:
+            if step.group.target_epoch != previous.target_epoch:
+                self.metrics.rebalances.labels(group_id).inc()
+            previous = step.group
+        self.metrics.observe_group(
+            group_id, group_epoch=final.group_epoch, live_members=final.live_count()
+        )
+        refused = await self.store.write_fences(group_id, change.fences)
+        fenced = {}
+        if refused:
+            fenced = await self._after_refused_fences(group_id, new_rev, final, refused)
+        return self._answers(group_id, beats, outcomes, kept, fenced)
+
+    async def _decide(
+        self,
+        group_id: str,
+        beats: Sequence[_Beat],
+        base: Group,
+        exists: bool,
+        topology: Topology,
+        now_ms: int,
+    ) -> _Decided:
+        """The core's step for each request in turn, each on the previous kept step's
+        group (``exists``: the group is in Redis)."""
+        decided = _Decided([None] * len(beats), [], [])
+        group = base
+        for i, beat in enumerate(beats):
+            request = beat.request
+            try:
+                if request.member_epoch == 0 and not exists:
+                    await self._check_new_group(group_id, request.subscriptions or ())
+                result = heartbeat(group, topology, request, now_ms, self.config)
+            except (InvalidHeartbeat, MetadataUnavailable) as e:
+                decided.outcomes[i] = e  # this request only; the batch goes on without it
+                continue
+            if not exists and result.status is HeartbeatStatus.UNKNOWN_MEMBER:
+                # A group that does not exist: nothing to write, and in particular no
+                # group created from what an unknown member reports (E20).
+                decided.outcomes[i] = self._response(result, request.member_id, group_id)
+                continue
+            if result.is_noop and not result.renews_lease:
+                decided.outcomes[i] = self._response(result, request.member_id, group_id)
+                continue
+            decided.kept.append((i, result))
+            if not result.is_noop:
+                decided.steps.append(result)
+                group = result.group
+                exists = True  # created by this step, if it was not
+        return decided
+
+    def _answers(
+        self,
+        group_id: str,
+        beats: Sequence[_Beat],
+        outcomes: list[HeartbeatResponse | Exception | None],
+        kept: Sequence[tuple[int, HeartbeatResult]],
+        fenced: Mapping[str, HeartbeatResponse],
+    ) -> list[HeartbeatResponse | Exception]:
+        """Every request's outcome: the answers decided on the way, then each kept
+        step's own answer (FENCED for a member whose grant a fence refused)."""
+        for i, result in kept:
+            member_id = beats[i].request.member_id
+            answer = fenced.get(member_id)
+            outcomes[i] = answer or self._response(result, member_id, group_id)
+        answers = [o for o in outcomes if o is not None]
+        assert len(answers) == len(outcomes)  # every request answered or refused
+        return answers
+
+    async def _after_refused_fences(
         self,
         group_id: str,
         rev: int,
         group: Group,
-        request: HeartbeatInput,
         refused: list[tuple[FenceWrite, str]],
-    ) -> HeartbeatResponse:
-        """A fence holds a newer epoch than this grant: Redis lost group writes (E19).
-        Fence the member and raise the group epoch above the fence; the member rejoins
-        and receives grants with epochs no fence has seen."""
-        highest = max(int(current.split(":", 1)[0] or 0) for _, current in refused)
+    ) -> dict[str, HeartbeatResponse]:
+        """Fences hold a newer epoch than these grants: Redis lost group writes (E19).
+        Fence each member concerned and raise the group epoch above the fences (one
+        commit); they rejoin and receive grants with epochs no fence has seen.
+        Returns each fenced member's answer."""
+        highest: dict[str, int] = {}
+        for fence, found in refused:
+            epoch = int(found.split(":", 1)[0] or 0)
+            highest[fence.member_id] = max(highest.get(fence.member_id, 0), epoch)
         log.warning(
             "group %s: owner fence(s) newer than the recorded epochs (highest %d): metadata "
-            "lost writes; fencing member %s and raising the group epoch",
+            "lost writes; fencing member(s) %s and raising the group epoch",
             group_id,
-            highest,
-            request.member_id,
+            max(highest.values()),
+            ", ".join(sorted(highest)),
         )
         now = await self.store.now_ms()
-        step = fence_after_regression(group, request.member_id, highest, now)
+        steps: list[GroupChange] = []
+        current = group
+        for member_id, epoch in highest.items():
+            step = fence_after_regression(current, member_id, epoch, now)
+            steps.append(step)
+            current = step.group
+        change = chain(group, steps)
         await self.store.commit_group(
             rev,
-            step.group,
+            change.group,
             now_ms=now,
-            header_changed=step.header_changed,
-            changed=step.changed_members,
-            removed=step.removed_members,
+            header_changed=change.header_changed,
+            changed=change.changed_members,
+            removed=change.removed_members,
             lease_ttl_ms=self.config.lease_ttl_ms,
         )
-        return HeartbeatResponse(
-            status=HeartbeatStatus.FENCED,
-            member_id=request.member_id,
-            member_epoch=0,
-            group_epoch=step.group.group_epoch,
-            metadata_version=step.group.metadata_version,
-            heartbeat_interval_ms=self.config.heartbeat_interval_ms,
-            lease_ttl_ms=self.config.lease_ttl_ms,
-            key_prefix=self.keyspace.prefix,
-            namespace_id=self.replica.namespace_id,
-        )
+        return {
+            member_id: HeartbeatResponse(
+                status=HeartbeatStatus.FENCED,
+                member_id=member_id,
+                member_epoch=0,
+                group_epoch=change.group.group_epoch,
+                metadata_version=change.group.metadata_version,
+                heartbeat_interval_ms=self.config.heartbeat_interval_ms,
+                lease_ttl_ms=self.config.lease_ttl_ms,
+                key_prefix=self.keyspace.prefix,
+                namespace_id=self.replica.namespace_id,
+            )
+            for member_id in highest
+        }
 
-    async def _new_group(self, group_id: str, subscriptions: Iterable[str]) -> Group:
+    async def _check_new_group(self, group_id: str, subscriptions: Iterable[str]) -> None:
         """A group joining for the first time. If Redis shows it existed (its consumer
         group is registered on a stream it subscribes to) while its metadata and
-        registry entry are gone: fail closed (E21)."""
+        registry entry are gone: fail closed (E21).
+
+        Raises:
+            MetadataUnavailable: it existed.
+        """
         for stream in subscriptions:
             if group_id in await self.store.subscribed_groups(stream):
                 raise self.store.unavailable(
@@ -293,7 +427,6 @@ class HeartbeatHandler:
                     "metadata: it existed and its metadata was lost; an operator must "
                     "re-initialise it (streamworks admin reinit group)"
                 )
-        return Group(group_id)
 
     def _response(
         self, result: HeartbeatResult, member_id: str, group_id: str

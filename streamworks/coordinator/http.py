@@ -30,6 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from streamworks.coordinator.dashboard import dashboard_router
+from streamworks.coordinator.http_heartbeat import HeartbeatRoute
 from streamworks.coordinator.observation import Observer
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol import api as endpoints
@@ -143,19 +144,30 @@ def create_api(service: CoordinatorService) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    api.add_middleware(_BodyLimit)
-    observer = Observer(service)  # status snapshots: /metrics gauges and the dashboard
-    api.include_router(dashboard_router(service, observer))
 
-    def _check(request: Request, expected: str | None) -> None:
+    def _authorize(header: str, expected: str | None) -> None:
         if expected is None:
             return
-        header = request.headers.get("authorization", "")
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(
             presented.encode(), expected.encode()
         ):
             raise CoordinatorError("UNAUTHORIZED", "missing or wrong bearer token", status=401)
+
+    def _check(request: Request, expected: str | None) -> None:
+        _authorize(request.headers.get("authorization", ""), expected)
+
+    # The heartbeat route answered before the framework (http_heartbeat.py), inside the
+    # body limit (middleware added later wraps the earlier).
+    api.add_middleware(
+        HeartbeatRoute,
+        service=service,
+        authorize=lambda header: _authorize(header, token),
+        max_body=MAX_BODY,
+    )
+    api.add_middleware(_BodyLimit)
+    observer = Observer(service)  # status snapshots: /metrics gauges and the dashboard
+    api.include_router(dashboard_router(service, observer))
 
     # Async dependencies: FastAPI would run plain functions in a worker thread.
     async def member_auth(request: Request) -> None:

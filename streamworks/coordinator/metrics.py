@@ -39,6 +39,13 @@ class CoordinatorMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
             registry=r,
         )
+        self.heartbeat_batch = Histogram(
+            "streamworks_coordinator_heartbeat_batch_size",
+            "Heartbeats decided by one critical section (one load, one commit): its count "
+            "is the critical sections heartbeats took, its sum the heartbeats they served",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
         self.conflicts = Counter(
             "streamworks_coordinator_cas_conflicts_total",
             "Compare-and-set commits lost to another writer",

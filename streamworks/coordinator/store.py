@@ -48,6 +48,7 @@ from streamworks.coordinator.core import FenceWrite, Group, Member
 from streamworks.coordinator.core.changes import apply_delta
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.coordinator.evidence import EvidenceReads
+from streamworks.coordinator.leases import LeaseOps, revision_of, revision_token, split_revision
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.client import is_cluster
@@ -72,28 +73,9 @@ _TIME_LUA = "return redis.call('TIME')"
 #: Seconds between two log lines about the same fail-closed problem.
 _REPORT_EVERY = 10.0
 
-_CID_BITS = 128
-
 #: Entries kept in a group's changelog (``group_commit.lua``): a replica that fell
 #: further behind than this many commits reads the whole group instead.
 CHANGELOG_LENGTH = 4096
-
-
-def _revision(raw_rev: Any, raw_cid: Any) -> int:
-    """The revision of a hash from its ``rev`` and ``cid`` fields (0: no hash)."""
-    rev = int(raw_rev or 0)
-    return (rev << _CID_BITS) | int(raw_cid or 0) if rev else 0
-
-
-def _split(revision: int) -> tuple[int, int]:
-    """``(rev, cid)`` of a revision."""
-    return revision >> _CID_BITS, revision & ((1 << _CID_BITS) - 1)
-
-
-def _token(revision: int) -> str:
-    """A revision as ``lease_renew.lua`` compares it: ``"<rev>:<cid>"``."""
-    rev, cid = _split(revision)
-    return f"{rev}:{cid}"
 
 
 class MetadataUnavailable(CoordinatorError):
@@ -150,7 +132,7 @@ class Loaded:
     now_ms: int
 
 
-class Store(EvidenceReads):
+class Store(EvidenceReads, LeaseOps):
     """Reads and writes the control plane in Redis."""
 
     def __init__(
@@ -259,13 +241,13 @@ class Store(EvidenceReads):
         self._queue_time(pipe)
         (raw_rev, raw_cid), (seconds, micros) = await pipe.execute()
         now_ms = int(seconds) * 1000 + int(micros) // 1000 + self.clock.offset_ms
-        rev = _revision(raw_rev, raw_cid)
+        rev = revision_of(raw_rev, raw_cid)
         if rev == 0 and await self.redis.sismember(self.keyspace.registry_groups(), group_id):
             # A commit writes the revision and the registry entry in one script: if the
             # entry is visible now, so is the revision, unless the metadata is gone.
             # (Reading the revision again closes the race with a group created between
             # the two reads.)
-            rev = _revision(*await self.redis.hmget(key, ["rev", "cid"]))
+            rev = revision_of(*await self.redis.hmget(key, ["rev", "cid"]))
         if rev == 0:
             if await self.redis.sismember(self.keyspace.registry_groups(), group_id):
                 raise self.unavailable(
@@ -283,7 +265,7 @@ class Store(EvidenceReads):
                 return Loaded(caught_up[1], caught_up[0], now_ms)
         fields = await self.redis.hgetall(key)
         try:
-            rev = _revision(int(fields[b"rev"]), fields.get(b"cid"))
+            rev = revision_of(int(fields[b"rev"]), fields.get(b"cid"))
             header = orjson.loads(fields[b"header"])
             members = [
                 Member.from_dict(orjson.loads(value))
@@ -307,7 +289,7 @@ class Store(EvidenceReads):
         """
         reply = await self.scripts.group_delta(
             keys=[self.keyspace.group_meta(group_id), self.keyspace.group_changes(group_id)],
-            args=[_token(rev), CHANGELOG_LENGTH],
+            args=[revision_token(rev), CHANGELOG_LENGTH],
         )
         code = int(reply[0])
         if code == 0:
@@ -315,7 +297,7 @@ class Store(EvidenceReads):
         if code != 1:
             return None
         try:
-            new_rev = _revision(int(reply[1]), reply[2])
+            new_rev = revision_of(int(reply[1]), reply[2])
             header = orjson.loads(reply[3]) if reply[3] else None
             upserts: list[Member] = []
             removed: list[str] = []
@@ -355,7 +337,7 @@ class Store(EvidenceReads):
                 if not member.is_live:
                     unlease.append(member_id)
         header = orjson.dumps(group.to_header()) if header_changed or rev == 0 else b""
-        expected, expected_cid = _split(rev)
+        expected, expected_cid = split_revision(rev)
         cid = self._new_cid()
         args: list[Any] = [expected, expected_cid, cid, group.group_id, header, lease_ttl_ms]
         args.append(now_ms)
@@ -375,49 +357,9 @@ class Store(EvidenceReads):
         if reply[0] != 1:
             self._groups.pop(group.group_id, None)
             return None
-        new_rev = _revision(int(reply[1]), cid)
+        new_rev = revision_of(int(reply[1]), cid)
         self._groups[group.group_id] = (new_rev, group)
         return new_rev
-
-    async def renew_lease(
-        self,
-        group_id: str,
-        member_id: str,
-        ttl_ms: int,
-        group_rev: int,
-        stream_revs: Mapping[str, int],
-    ) -> tuple[bool, int]:
-        """The no-change heartbeat (``lease_renew.lua``): ``(renewed, redis now ms)``."""
-        names = sorted(stream_revs)
-        reply = await self.scripts.lease_renew(
-            keys=[
-                self.keyspace.group_meta(group_id),
-                self.keyspace.group_leases(group_id),
-                *[self.keyspace.stream_meta(n) for n in names],
-            ],
-            args=[
-                member_id,
-                ttl_ms,
-                _token(group_rev),
-                self.clock.offset_ms,
-                *[_token(stream_revs[n]) for n in names],
-            ],
-        )
-        return reply[0] == 1, int(reply[1])
-
-    async def expired_members(self, group_id: str, now_ms: int) -> list[str]:
-        """Members whose lease expiry is at or before ``now_ms``."""
-        raw = await self.redis.zrangebyscore(self.keyspace.group_leases(group_id), "-inf", now_ms)
-        return [m.decode() for m in raw]
-
-    async def earliest_lease(self, group_id: str) -> tuple[str, int] | None:
-        """The member whose lease expires first, and when (Redis time, ms)."""
-        raw = await self.redis.zrange(self.keyspace.group_leases(group_id), 0, 0, withscores=True)
-        return (raw[0][0].decode(), int(raw[0][1])) if raw else None
-
-    async def lease_expiries(self, group_id: str) -> dict[str, int]:
-        raw = await self.redis.zrange(self.keyspace.group_leases(group_id), 0, -1, withscores=True)
-        return {m.decode(): int(score) for m, score in raw}
 
     async def survey(self, groups: Sequence[str], streams: Sequence[str]) -> Survey:
         """Revisions of ``groups`` and ``streams`` and each group's earliest lease, in one
@@ -435,11 +377,11 @@ class Store(EvidenceReads):
         group_revs: dict[str, int] = {}
         earliest: dict[str, tuple[str, int] | None] = {}
         for j, group_id in enumerate(groups):
-            group_revs[group_id] = _revision(*replies[2 * j])
+            group_revs[group_id] = revision_of(*replies[2 * j])
             first = replies[2 * j + 1]
             earliest[group_id] = (first[0][0].decode(), int(first[0][1])) if first else None
         offset = 2 * len(groups)
-        stream_revs = {n: _revision(*replies[offset + j]) for j, n in enumerate(streams)}
+        stream_revs = {n: revision_of(*replies[offset + j]) for j, n in enumerate(streams)}
         return Survey(group_revs, earliest, stream_revs)
 
     async def registered_groups(self) -> list[str]:
@@ -472,7 +414,7 @@ class Store(EvidenceReads):
         for name in names:
             pipe.hmget(self.keyspace.stream_meta(name), ["rev", "cid"])
         replies = await pipe.execute()
-        return {n: _revision(*r) for n, r in zip(names, replies, strict=True)}
+        return {n: revision_of(*r) for n, r in zip(names, replies, strict=True)}
 
     async def load_streams(self, names: Iterable[str]) -> dict[str, tuple[int, StreamMeta | None]]:
         """Load stream metadata (cached by revision). A stream that never existed maps
@@ -487,7 +429,7 @@ class Store(EvidenceReads):
             if rev == 0 and await self.redis.sismember(self.keyspace.registry_streams(), name):
                 # Registered: re-read the revision (created between our two reads?).
                 key = self.keyspace.stream_meta(name)
-                rev = _revision(*await self.redis.hmget(key, ["rev", "cid"]))
+                rev = revision_of(*await self.redis.hmget(key, ["rev", "cid"]))
             if rev == 0:
                 if await self.redis.sismember(self.keyspace.registry_streams(), name):
                     raise self.unavailable(
@@ -505,7 +447,7 @@ class Store(EvidenceReads):
             )
             try:
                 meta = StreamMeta.from_dict(orjson.loads(doc))
-                loaded = (_revision(int(raw_rev), raw_cid), meta)
+                loaded = (revision_of(int(raw_rev), raw_cid), meta)
             except (TypeError, ValueError, orjson.JSONDecodeError) as e:
                 raise self.unavailable(f"stream {name!r} metadata is corrupt: {e}") from e
             self._streams[name] = loaded
@@ -517,7 +459,7 @@ class Store(EvidenceReads):
 
     async def commit_stream(self, rev: int, meta: StreamMeta) -> int | None:
         """CAS-write a stream's metadata; the new rev, or None on conflict."""
-        expected, expected_cid = _split(rev)
+        expected, expected_cid = split_revision(rev)
         cid = self._new_cid()
         reply = await self.scripts.stream_commit(
             keys=[self.keyspace.stream_meta(meta.name), self.keyspace.registry_streams()],
@@ -526,7 +468,7 @@ class Store(EvidenceReads):
         if reply[0] != 1:
             self._streams.pop(meta.name, None)
             return None
-        new_rev = _revision(int(reply[1]), cid)
+        new_rev = revision_of(int(reply[1]), cid)
         self._streams[meta.name] = (new_rev, meta)
         return new_rev
 

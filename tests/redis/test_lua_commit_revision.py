@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from streamworks.coordinator.core import Group
+from streamworks.coordinator.core import Group, Member, MemberState
 from streamworks.coordinator.core.streams import new_stream
 from streamworks.coordinator.store import Store
 from streamworks.redis.keyspace import Keyspace
@@ -137,3 +137,57 @@ async def test_commit_ids_are_unique_per_commit_and_per_store(
         cid = await redis.hget(keyspace.group_meta("g"), "cid")
         assert cid not in seen
         seen.add(cid)
+
+
+async def test_a_commit_of_thousands_of_member_records_goes_through(
+    redis: Any, keyspace: Keyspace
+) -> None:
+    """Lua's unpack refuses more than ~8,000 values: a commit writing, deleting and
+    unleasing more member records than that in one go (a mass expiry of a group of
+    10,000) is written in chunks."""
+    store = Store(redis, keyspace)
+    now = await store.now_ms()
+    members = {
+        f"m{i:05d}": Member.joining(
+            f"m{i:05d}",
+            subscriptions=frozenset({"s"}),
+            rebalance_timeout_ms=1000,
+            client={},
+            now_ms=now,
+        )
+        for i in range(6000)
+    }
+    group = Group("g", group_epoch=1, members=members)
+    rev = await store.commit_group(
+        0,
+        group,
+        header_changed=True,
+        changed=list(members),
+        removed=(),
+        now_ms=now,
+        renew=list(members),
+        lease_ttl_ms=TTL,
+    )
+    assert rev is not None
+    assert await redis.hlen(keyspace.group_meta("g")) == 6000 + 3  # rev, cid, header
+    assert await redis.zcard(keyspace.group_leases("g")) == 6000
+    # All of them expire (tombstones: their leases go) and half are deleted.
+    expired = {
+        mid: m.tombstone(MemberState.EXPIRED, now + 1) for mid, m in list(members.items())[:3000]
+    }
+    rest = dict(list(members.items())[3000:])
+    after = Group("g", group_epoch=2, members={**expired})
+    rev = await store.commit_group(
+        rev,
+        after,
+        header_changed=True,
+        changed=[*expired, *rest],
+        removed=list(rest),
+        now_ms=now + 1,
+        lease_ttl_ms=TTL,
+    )
+    assert rev is not None
+    assert await redis.hlen(keyspace.group_meta("g")) == 3000 + 3
+    assert await redis.zcard(keyspace.group_leases("g")) == 0
+    loaded = await Store(redis, keyspace).load_group("g")
+    assert loaded.group == after

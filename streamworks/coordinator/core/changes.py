@@ -13,11 +13,12 @@ change even if it touched records on the way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from streamworks.coordinator.core.holders import patched_holders
+from streamworks.coordinator.core.maps import copy_map
 from streamworks.coordinator.core.model import (
     FenceWrite,
     Group,
@@ -25,7 +26,7 @@ from streamworks.coordinator.core.model import (
     MemberState,
 )
 
-__all__ = ("GroupChange", "GroupEdit", "TimerResult", "apply_delta")
+__all__ = ("GroupChange", "GroupEdit", "TimerResult", "apply_delta", "chain")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,31 @@ class GroupChange:
     def is_noop(self) -> bool:
         """True when nothing needs to be written (not even a fence)."""
         return not (self.changed_members or self.header_changed or self.fences)
+
+
+def chain(original: Group, steps: Sequence[GroupChange]) -> GroupChange:
+    """What one commit writes for ``steps`` applied in turn, each to the previous one's
+    group (the first to ``original``): the last group, every record any step changed
+    (deleted if it is gone at the end: a record removed and written again is written),
+    the header if any step changed it, and every step's fences in step order (a fence
+    of a later step on the same shard is written after, as it would have been).
+
+    Raises:
+        ValueError: a step of another group.
+    """
+    group = original
+    changed: set[str] = set()
+    header_changed = False
+    fences: list[FenceWrite] = []
+    for step in steps:
+        if step.group.group_id != group.group_id:
+            raise ValueError(f"step of group {step.group.group_id!r} chained to {group.group_id!r}")
+        changed |= step.changed_members
+        header_changed = header_changed or step.header_changed
+        fences += step.fences
+        group = step.group
+    removed = frozenset(mid for mid in changed if mid not in group.members)
+    return GroupChange(group, frozenset(changed), removed, header_changed, tuple(fences))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +147,7 @@ class GroupEdit:
         # One C-level copy of the member map per step (on the first write), never a
         # per-member walk; a map handed to a built group is never written again.
         if self._members is None or self._built:
-            self._members = dict(self.members)
+            self._members = copy_map(self.members)
             self._built = False
         return self._members
 

@@ -27,6 +27,7 @@ from streamworks.coordinator.core.decoding import (
     require_str_set,
 )
 from streamworks.coordinator.core.holders import holders_of, patched_holders
+from streamworks.coordinator.core.maps import copy_map
 from streamworks.exceptions import ConfigurationError
 
 __all__ = (
@@ -47,7 +48,7 @@ _V = TypeVar("_V")
 def _frozen_map(items: Mapping[_K, _V]) -> Mapping[_K, _V]:
     # A read-only view over a private copy: nobody holding the argument can mutate
     # the value afterwards, and equality still compares contents.
-    return MappingProxyType(dict(items))
+    return MappingProxyType(copy_map(items))
 
 
 def _empty_map() -> Mapping[str, int]:
@@ -415,7 +416,7 @@ class Group:
         setattr_(group, "_subscribers", None)
         if original._live_count is not None and original._subscribers is not None:
             live = original._live_count
-            counts = dict(original._subscribers)
+            counts = copy_map(original._subscribers)
             for member_id in ids:
                 for record, sign in ((before.get(member_id), -1), (members.get(member_id), 1)):
                     if record is not None and record.is_live:

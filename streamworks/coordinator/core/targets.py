@@ -14,9 +14,9 @@ from dataclasses import replace
 
 from streamworks.coordinator.core.assignor import assign_uniform
 from streamworks.coordinator.core.changes import GroupEdit
-from streamworks.coordinator.core.model import CoreConfig, Topology
+from streamworks.coordinator.core.model import CoreConfig, Group, Topology
 
-__all__ = ("compute_target", "note_topology_change", "target_due")
+__all__ = ("assignment_due", "compute_target", "note_topology_change", "target_due")
 
 
 def note_topology_change(edit: GroupEdit, topology: Topology) -> bool:
@@ -53,6 +53,13 @@ def target_due(edit: GroupEdit, now_ms: int, config: CoreConfig) -> bool:
     # A clock that went backwards (failover to a replica with another clock) must not
     # postpone assignment until it catches up.
     return elapsed >= config.assignment_interval_ms or elapsed < 0
+
+
+def assignment_due(group: Group, now_ms: int, config: CoreConfig) -> bool:
+    """Whether the next step on ``group`` at ``now_ms`` computes a new target (so it
+    changes the group: a shell deciding on a cached group for a no-change answer can
+    skip the step, which would run the assignor only to have its result discarded)."""
+    return target_due(GroupEdit(group), now_ms, config)
 
 
 def compute_target(edit: GroupEdit, topology: Topology, now_ms: int) -> None:

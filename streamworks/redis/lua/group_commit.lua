@@ -64,16 +64,23 @@ for _ = 1, e do
   if score and tonumber(score) > now then return {-2, ARGV[i]} end
   i = i + 1
 end
+-- One command per 1,000 values: Lua's unpack refuses more than ~8,000, and a commit
+-- of a large group (a mass expiry, a wide reassignment) writes more records than that.
+local function each_chunk(command, key, values)
+  for j = 1, #values, 1000 do
+    redis.call(command, key, unpack(values, j, math.min(j + 999, #values)))
+  end
+end
 local rev = math.max(cur + 1, now)
 redis.call('HSET', KEYS[1], 'rev', rev, 'cid', ARGV[3])
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'header', ARGV[5]) end
-if #upserts > 0 then redis.call('HSET', KEYS[1], unpack(upserts)) end
-if #deletes > 0 then redis.call('HDEL', KEYS[1], unpack(deletes)) end
+each_chunk('HSET', KEYS[1], upserts)  -- 1,000 values: 500 (field, value) pairs
+each_chunk('HDEL', KEYS[1], deletes)
 redis.call('SADD', KEYS[2], ARGV[4])
 local ttl = tonumber(ARGV[6])
 for _, member in ipairs(renew) do redis.call('ZADD', KEYS[3], now + ttl, member) end
 for j = 1, m do redis.call('ZREM', KEYS[3], string.sub(deletes[j], 3)) end
-if #unlease > 0 then redis.call('ZREM', KEYS[3], unpack(unlease)) end
+each_chunk('ZREM', KEYS[3], unlease)
 local keep = tonumber(ARGV[i] or '0')
 if keep > 0 then
   local written = {}

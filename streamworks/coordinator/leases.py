@@ -1,0 +1,108 @@
+"""Member leases (``group:<g>:leases``: member -> expiry, Redis time ms) and the
+revisions the lease script checks. A part of :class:`~streamworks.coordinator.store.Store`.
+
+A revision is the pair of a metadata hash's ``rev`` and ``cid`` packed in one ``int``
+(``rev << 128 | cid``; see ``store.py``), so callers keep comparing and caching plain
+ints; the scripts compare it as ``"<rev>:<cid>"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from streamworks.clock import Clock
+from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import ScriptCall, Scripts
+
+__all__ = ("LeaseOps", "revision_of", "revision_token", "split_revision")
+
+_CID_BITS = 128
+
+
+def revision_of(raw_rev: Any, raw_cid: Any) -> int:
+    """The revision of a hash from its ``rev`` and ``cid`` fields (0: no hash)."""
+    rev = int(raw_rev or 0)
+    return (rev << _CID_BITS) | int(raw_cid or 0) if rev else 0
+
+
+def split_revision(revision: int) -> tuple[int, int]:
+    """``(rev, cid)`` of a revision."""
+    return revision >> _CID_BITS, revision & ((1 << _CID_BITS) - 1)
+
+
+def revision_token(revision: int) -> str:
+    """A revision as the scripts compare it: ``"<rev>:<cid>"``."""
+    rev, cid = split_revision(revision)
+    return f"{rev}:{cid}"
+
+
+class LeaseOps:
+    """The lease operations of the store (``redis``, ``keyspace``, ``scripts`` and
+    ``clock`` are the store's own)."""
+
+    redis: Any
+    keyspace: Keyspace
+    scripts: Scripts
+    clock: Clock
+
+    async def renew_lease(
+        self,
+        group_id: str,
+        member_id: str,
+        ttl_ms: int,
+        group_rev: int,
+        stream_revs: Mapping[str, int],
+    ) -> tuple[bool, int]:
+        """The no-change heartbeat (``lease_renew.lua``): ``(renewed, redis now ms)``."""
+        keys, args = self._renewal(group_id, member_id, ttl_ms, group_rev, stream_revs)
+        reply = await self.scripts.lease_renew(keys=keys, args=args)
+        return reply[0] == 1, int(reply[1])
+
+    async def renew_leases(
+        self,
+        group_id: str,
+        member_ids: Sequence[str],
+        ttl_ms: int,
+        group_rev: int,
+        stream_revs: Mapping[str, int],
+    ) -> list[bool]:
+        """:meth:`renew_lease` for several members in one pipeline: whether each lease
+        was renewed (each checks the same revisions)."""
+        calls: list[ScriptCall] = [
+            ("lease_renew", *self._renewal(group_id, m, ttl_ms, group_rev, stream_revs))
+            for m in member_ids
+        ]
+        return [reply[0] == 1 for reply in await self.scripts.pipelined(calls)]
+
+    def _renewal(
+        self,
+        group_id: str,
+        member_id: str,
+        ttl_ms: int,
+        group_rev: int,
+        stream_revs: Mapping[str, int],
+    ) -> tuple[list[str], list[Any]]:
+        names = sorted(stream_revs)
+        keys = [
+            self.keyspace.group_meta(group_id),
+            self.keyspace.group_leases(group_id),
+            *[self.keyspace.stream_meta(n) for n in names],
+        ]
+        args: list[Any] = [member_id, ttl_ms, revision_token(group_rev), self.clock.offset_ms]
+        args += [revision_token(stream_revs[n]) for n in names]
+        return keys, args
+
+    async def expired_members(self, group_id: str, now_ms: int) -> list[str]:
+        """Members whose lease expiry is at or before ``now_ms``."""
+        raw = await self.redis.zrangebyscore(self.keyspace.group_leases(group_id), "-inf", now_ms)
+        return [m.decode() for m in raw]
+
+    async def earliest_lease(self, group_id: str) -> tuple[str, int] | None:
+        """The member whose lease expires first, and when (Redis time, ms)."""
+        raw = await self.redis.zrange(self.keyspace.group_leases(group_id), 0, 0, withscores=True)
+        return (raw[0][0].decode(), int(raw[0][1])) if raw else None
+
+    async def lease_expiries(self, group_id: str) -> dict[str, int]:
+        raw = await self.redis.zrange(self.keyspace.group_leases(group_id), 0, -1, withscores=True)
+        return {m.decode(): int(score) for m, score in raw}

@@ -85,6 +85,12 @@ class HeartbeatRoute:
                     "INVALID_REQUEST", f"invalid group name {group[:100]!r}", status=400
                 )
             body = await self._body(receive)
+            if not _is_json(_header(scope, b"content-type")):
+                # As the framework decides: no content type, or a JSON one; a form, a
+                # file upload or text is not a heartbeat whatever it contains.
+                return 422, _error(
+                    ErrorCode.INVALID_REQUEST, "body: the request body must be JSON", False
+                )
             try:
                 request = HeartbeatRequest.model_validate_json(body)
             except ValidationError as e:
@@ -129,6 +135,16 @@ def _header(scope: Any, name: bytes) -> str:
         if key == name:
             return bytes(value).decode("latin-1")
     return ""
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether a ``Content-Type`` value announces JSON (or is absent), as FastAPI's
+    body parsing has it: ``application/json`` or ``application/<anything>+json``."""
+    if not content_type:
+        return True
+    kind = content_type.split(";", 1)[0].strip().lower()
+    main, _, sub = kind.partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
 
 
 def _problems(error: ValidationError) -> str:

@@ -356,6 +356,9 @@ async def test_a_durable_retry_answered_as_a_duplicate_still_waits_for_the_repli
         other = create_redis(rt.settings)  # a retry from another producer process
         retrying = create_producer(app, rt.settings, other, Scripts(other), rt.connection.routing)
         record = Record({"n": 1}, event_id="e1")
+        # Discover the cluster now: the client's seed URL is the first live node, which
+        # after earlier failovers may be the very replica stopped below.
+        await other.initialize()
         os.kill(pid, signal.SIGSTOP)  # connected, but acknowledging nothing
         try:
             with pytest.raises(PublishNotDurableError) as first:

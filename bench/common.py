@@ -237,15 +237,24 @@ async def xadd_pipelined(
 ) -> int:
     """``XADD key * fields...`` for every ``(key, fields)``, ``chunk`` per pipeline."""
     n = 0
-    pipe = redis.pipeline(transaction=False)
-    for key, fields in entries:
-        pipe.execute_command("XADD", key, "*", *fields)
+    batch: list[tuple[str, Sequence[Any]]] = []
+    for entry in entries:
+        batch.append(entry)
         n += 1
-        if n % chunk == 0:
-            await pipe.execute()
-            pipe = redis.pipeline(transaction=False)
-    await pipe.execute()
+        if len(batch) == chunk:
+            await _xadd_batch(redis, batch)
+            batch = []
+    if batch:
+        await _xadd_batch(redis, batch)
     return n
+
+
+async def _xadd_batch(redis: Any, batch: list[tuple[str, Sequence[Any]]]) -> None:
+    # As a context manager: the pipeline is closed (redis-py logs unclosed ones).
+    async with redis.pipeline(transaction=False) as pipe:
+        for key, fields in batch:
+            pipe.execute_command("XADD", key, "*", *fields)
+        await pipe.execute()
 
 
 async def create_groups(redis: Any, keys: Iterable[str], group: str, start: str = "0") -> None:
@@ -260,10 +269,10 @@ async def destroy_groups(redis: Any, keys: Iterable[str], group: str) -> None:
 
 async def pending_total(redis: Any, keys: Iterable[str], group: str) -> int:
     """Entries delivered to ``group`` and not acknowledged, over ``keys``."""
-    pipe = redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.xpending(key, group)
-    return sum(int(reply["pending"]) for reply in await pipe.execute())
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.xpending(key, group)
+        return sum(int(reply["pending"]) for reply in await pipe.execute())
 
 
 async def wait_all_acked(

@@ -168,6 +168,15 @@ def _end_kind(error: BaseException | None) -> str:
     return "fail" if isinstance(error, Failed) else "exit"
 
 
+def _ended(head: dict[str, Any], error: BaseException | None) -> tuple[dict[str, Any], list[str]]:
+    """The run's end record, already in the local file, and the records to send now:
+    it first, then the end records earlier runs could not write."""
+    record = {**head, "ev": _end_kind(error), "t": time.monotonic()}
+    line = orjson.dumps(record).decode()
+    _note_end(line)
+    return record, [line, *_take_unsent()]
+
+
 def _should_fail(event: Event, ctx: Context) -> bool:
     return event.poison or (event.flaky and ctx.message.attempt == 1)
 
@@ -199,12 +208,8 @@ async def _record_async(event: Event, ctx: Context) -> None:
         error = e
         raise
     finally:
-        ended = time.monotonic()
-        record = {**head, "ev": _end_kind(error), "t": ended}
-        line = orjson.dumps(record).decode()
-        _note_end(line)
-        late = _take_unsent()
-        records = [line, *late]
+        record, records = _ended(head, error)
+        late = records[1:]
         # Shielded: a run cancelled at its deadline still records when it ended.
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             try:
@@ -248,15 +253,11 @@ def _record_sync(event: Event, ctx: Context) -> None:
         error = e
         raise
     finally:
-        ended = time.monotonic()
-        record = {**head, "ev": _end_kind(error), "t": ended}
-        line = orjson.dumps(record).decode()
-        _note_end(line)
-        late = _take_unsent()
+        record, records = _ended(head, error)
         try:
-            client.eval(_END, 2, seq_key(prefix), log_key(prefix), line, *late)
+            client.eval(_END, 2, seq_key(prefix), log_key(prefix), *records)
         except (RedisError, OSError):
-            _keep_unsent([_late(record), *late])
+            _keep_unsent([_late(record), *records[1:]])
 
 
 if SYNC:

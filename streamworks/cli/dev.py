@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import shlex
 import signal
+import subprocess
 import sys
 from typing import Any
 
@@ -128,18 +128,59 @@ def _supervise(
     ]  # fmt: skip
     paths = sorted({os.getcwd(), *_module_dir(target)})
     console.print(f"watching {', '.join(paths)} for changes to .py files (Ctrl-C stops)")
-
-    def changed(changes: set[tuple[watchfiles.Change, str]]) -> None:
-        names = sorted({os.path.relpath(path) for _, path in changes})
-        console.print(f"[yellow]changed: {', '.join(names)}; restarting the app[/]")
-
-    watchfiles.run_process(
+    # The watch is set up before the app starts (watchfiles.run_process starts the
+    # process first and watches after, so a change made while a large tree, such as a
+    # virtualenv under the working directory, was still being walked went unseen).
+    # The first value is yielded once the watches exist: an empty set after the short
+    # timeout, or changes already.
+    changes_seen = watchfiles.watch(
         *paths,
-        target=shlex.join(command),
-        target_type="command",
-        callback=changed,
         watch_filter=watchfiles.PythonFilter(),
+        yield_on_timeout=True,
+        rust_timeout=_WATCH_TICK_MS,
+        raise_interrupt=False,
     )
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C does
+    child: subprocess.Popen[bytes] | None = None
+    try:
+        next(changes_seen, None)
+        child = subprocess.Popen(command)
+        for changes in changes_seen:
+            if not changes:
+                continue
+            names = sorted({os.path.relpath(path) for _, path in changes})
+            console.print(f"[yellow]changed: {', '.join(names)}; restarting the app[/]")
+            _stop(child)
+            child = subprocess.Popen(command)
+    except KeyboardInterrupt:
+        pass  # a Ctrl-C while the app (re)starts
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if child is not None:
+            _stop(child)
+
+
+#: How often the reload watch looks up from waiting (ms): the first look, made once
+#: the watches exist, lets the app start.
+_WATCH_TICK_MS = 200
+#: How long the app has to stop on SIGINT before it is killed (seconds).
+_STOP_TIMEOUT = 10.0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """Stop the app like Ctrl-C does (SIGINT), killing it if it does not exit in time."""
+    if child.poll() is not None:
+        return
+    child.send_signal(signal.SIGINT)
+    try:
+        child.wait(_STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def _module_dir(target: str) -> list[str]:

@@ -45,7 +45,7 @@ from redis.exceptions import (
 )
 
 from streamworks.redis.client import _HOLDING
-from streamworks.redis.wire import Arg, pack
+from streamworks.redis.wire import Arg, Atomic, Command, fold_replies, pack, pack_command
 
 __all__ = ("command_key", "node_for_key", "run_cluster_batch")
 
@@ -56,12 +56,15 @@ _PAUSE = 0.02
 _MAX_PAUSE = 0.5
 
 
-def command_key(command: Sequence[Arg]) -> bytes | None:
+def command_key(command: Command) -> bytes | None:
     """The key a command is routed by, or None for a keyless command.
 
     ``EVALSHA``/``EVAL``: the first of its ``KEYS``; ``XREAD``/``XREADGROUP``: the
-    first stream; anything else: its first argument (``XADD``, ``XACK``, ``HDEL``...).
+    first stream; a transaction (:class:`~streamworks.redis.wire.Atomic`): its first
+    command's; anything else: its first argument (``XADD``, ``XACK``, ``HDEL``...).
     """
+    if isinstance(command, Atomic):
+        return command_key(command.commands[0])
     name = _text(command[0]).upper()
     if name in ("EVALSHA", "EVAL", "FCALL"):
         return _bytes(command[3]) if int(command[2]) > 0 else None
@@ -99,7 +102,7 @@ class _NodeWrite:
 
 async def run_cluster_batch(
     cluster: RedisCluster,
-    commands: Sequence[Sequence[Arg]],
+    commands: Sequence[Command],
     *,
     wait: tuple[int, int] | None = None,
 ) -> tuple[list[Any], list[Any]]:
@@ -134,7 +137,7 @@ async def run_cluster_batch(
 
 async def _run(
     cluster: RedisCluster,
-    commands: Sequence[Sequence[Arg]],
+    commands: Sequence[Command],
     wait: tuple[int, int] | None,
 ) -> tuple[list[Any], list[Any]]:
     await _refresh_if_needed(cluster)
@@ -159,7 +162,13 @@ async def _run(
         must_pause = False
         for write in writes.values():
             for item, reply in zip(write.items, write.replies, strict=True):
-                if isinstance(reply, AskError) and item.redirects < MAX_REDIRECTS:
+                if (
+                    isinstance(reply, AskError)
+                    and item.redirects < MAX_REDIRECTS
+                    # ASKING lets only the next command in, not a transaction's: one
+                    # refused by ASK (a slot migrating) is the caller's to retry.
+                    and (isinstance(reply, MovedError) or type(commands[item.index]) is not Atomic)
+                ):
                     item.redirects += 1
                     if isinstance(reply, MovedError):
                         await cluster.nodes_manager.move_slot(reply)
@@ -192,19 +201,22 @@ async def _run(
 async def _send(
     cluster: RedisCluster,
     write: _NodeWrite,
-    commands: Sequence[Sequence[Arg]],
+    commands: Sequence[Command],
     wait: tuple[int, int] | None,
 ) -> None:
     """One write of ``write.items`` (and a trailing ``WAIT``) on one connection."""
     node = write.node
     parts: list[bytes] = []
     expected = 0
+    counts: list[int] = []
     for item in write.items:
         if item.asking:
             parts.append(pack(["ASKING"]))
             expected += 1
-        parts.append(pack(commands[item.index]))
-        expected += 1
+        data, count = pack_command(commands[item.index])
+        parts.append(data)
+        counts.append(count)
+        expected += count
     if wait is not None:
         parts.append(pack(["WAIT", wait[0], wait[1]]))
         expected += 1
@@ -233,16 +245,16 @@ async def _send(
         raise
     node.release(connection)
     position = 0
-    for item in write.items:
+    for item, count in zip(write.items, counts, strict=True):
         if item.asking:
             position += 1  # ASKING's +OK
-        write.replies.append(raw[position])
-        position += 1
+        write.replies.append(fold_replies(commands[item.index], raw[position : position + count]))
+        position += count
     if wait is not None:
         write.waited = raw[position]
 
 
-def _route(cluster: RedisCluster, command: Sequence[Arg]) -> ClusterNode:
+def _route(cluster: RedisCluster, command: Command) -> ClusterNode:
     key = command_key(command)
     if key is None:
         return cluster.get_default_node()

@@ -43,6 +43,11 @@ class Keyspace:
         """Owner fence of ``group`` on the shard: ``<grant epoch>:<member id>``."""
         return f"{self.shard_tag(shard)}:fence:{group}"
 
+    def read_hold(self, shard: ShardId) -> str:
+        """Where a fenced read refused by the fence moves the shard's stream for the
+        rest of its transaction (``read_gate.lua``); never exists outside one."""
+        return f"{self.shard_tag(shard)}:hold"
+
     def retries(self, shard: ShardId, group: str) -> str:
         """Hash entry id -> ``<failed attempts>:<due ms>`` for entries awaiting a retry."""
         return f"{self.shard_tag(shard)}:retry:{group}"

@@ -8,6 +8,7 @@ never assembled inside Lua, so each script stays within one Cluster slot.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
@@ -16,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import RedisCluster
 from redis.exceptions import NoScriptError
 
-from streamworks.redis.wire import Arg, call, run_batch
+from streamworks.redis.wire import Arg, Atomic, call, run_batch
 
 if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
 
-__all__ = ("SCRIPT_NAMES", "ScriptCall", "Scripts", "load_script")
+__all__ = ("SCRIPT_NAMES", "ReadStatus", "ScriptCall", "Scripts", "load_script", "script_body")
+
+log = logging.getLogger("streamworks.scripts")
 
 #: One script call of :meth:`Scripts.pipelined`: name, ``KEYS``, ``ARGV``.
 ScriptCall = tuple[str, Sequence[Arg], Sequence[Arg]]
@@ -40,6 +43,8 @@ SCRIPT_NAMES = (
     "prune_consumers",
     "publish_dedup",
     "read",
+    "read_gate",
+    "read_ungate",
     "redeliver",
     "retire",
     "retry_record",
@@ -50,10 +55,28 @@ SCRIPT_NAMES = (
 )
 
 
+class ReadStatus:
+    """The status of :meth:`Scripts.fenced_read` (``read.lua``'s, and one more)."""
+
+    ENTRIES = 1  # new entries, read by the owner
+    IDLE = 0  # nothing new: wait for entries after the last entry id
+    FENCED = -1  # the fence names another grant: what was read is not to be processed
+    RETIRED = -2  # the shard key does not exist
+    UNCHECKED = 3  # the read ran, its check failed (a script error): claim what it took
+
+
 @cache
 def load_script(name: str) -> str:
     """Return the source of ``lua/<name>.lua`` from the installed package."""
     return (resources.files("streamworks.redis") / "lua" / f"{name}.lua").read_text("utf-8")
+
+
+@cache
+def script_body(name: str) -> bytes:
+    """``lua/<name>.lua`` without its comment lines: what ``EVAL`` sends on a hot path
+    (Redis hashes the body on every call)."""
+    lines = [line for line in load_script(name).splitlines() if not line.startswith("--")]
+    return "\n".join(lines).encode()
 
 
 class Scripts:
@@ -71,6 +94,8 @@ class Scripts:
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
     read: AsyncScript
+    read_gate: AsyncScript
+    read_ungate: AsyncScript
     redeliver: AsyncScript
     retire: AsyncScript
     retry_record: AsyncScript
@@ -101,6 +126,66 @@ class Scripts:
         except NoScriptError:
             await self._client.script_load(script.script)
             return await call(self._client, command)
+
+    async def fenced_read(
+        self,
+        keys: Sequence[Arg],
+        group: Arg,
+        consumer: Arg,
+        token: Arg,
+        count: int,
+        *,
+        after: Sequence[Arg] | None = None,
+    ) -> tuple[int, Any]:
+        """A fenced read of new entries: ``read_gate.lua``, ``XREADGROUP`` and
+        ``read_ungate.lua`` in one transaction (see the gate), the entries straight
+        from ``XREADGROUP``.
+
+        Args:
+            keys: the shard stream, the group's owner fence on it, the shard's hold key.
+            after: a command to send first on the same connection (``XREAD BLOCK``):
+                Redis runs the read the moment it returns.
+
+        Returns:
+            ``(status, value)``: a :class:`ReadStatus`, with the entries (``ENTRIES``),
+            the last entry id (``IDLE``) or the current fence (``FENCED``).
+
+        Raises:
+            ResponseError: the transaction was refused (none of it ran), or the group
+                is missing on the shard (``NOGROUP``).
+        """
+        stream, fence, hold = keys
+        read = Atomic(
+            (
+                ("EVAL", script_body("read_gate"), 3, stream, fence, hold, token),
+                ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, "STREAMS", stream, ">"),
+                ("EVAL", script_body("read_ungate"), 2, stream, hold),
+            )
+        )
+        if after is None:
+            [reply] = await run_batch(self._client, [read])
+        else:
+            waited, reply = await run_batch(self._client, [after, read])
+            if isinstance(waited, Exception):
+                raise waited
+        if isinstance(reply, Exception):
+            raise reply
+        verdict, entries, _ = reply
+        if isinstance(verdict, Exception):
+            # The gate failed (a bug or a server fault) and the read ran unchecked: it
+            # is not processed; a (fenced) takeover round claims what it took.
+            log.error("fenced read gate failed on %s: %s", stream, verdict)
+            return ReadStatus.UNCHECKED, None
+        status = int(verdict[0])
+        if status < 0:
+            return status, verdict[1] if len(verdict) > 1 else None
+        if isinstance(entries, Exception):
+            raise entries
+        if entries is None:
+            return ReadStatus.IDLE, verdict[1]
+        # RESP3 answers a map of stream -> entries, RESP2 a list of [stream, entries].
+        found = next(iter(entries.values())) if type(entries) is dict else entries[0][1]
+        return ReadStatus.ENTRIES, found
 
     async def call_many(
         self, name: str, calls: Sequence[tuple[list[Arg], list[Arg]]], *, chunk: int = 1000

@@ -12,15 +12,43 @@ groups the commands by slot owner and follows ``MOVED``/``ASK``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ResponseError
 
-__all__ = ("call", "pack", "run_batch", "run_batch_wait")
+__all__ = (
+    "Atomic",
+    "Command",
+    "call",
+    "fold_replies",
+    "pack",
+    "pack_command",
+    "run_batch",
+    "run_batch_wait",
+)
 
 Arg = bytes | str | int
+
+
+@dataclass(frozen=True, slots=True)
+class Atomic:
+    """Commands run as one ``MULTI`` … ``EXEC`` transaction, as one item of a batch.
+
+    Its reply is the list of its commands' replies (an error reply in place, as its
+    :class:`ResponseError`), or, when Redis refused it before running any of it (a
+    command queued with an error, ``MOVED`` on a cluster, ``EXECABORT``), that error.
+    On a cluster it is routed by its first command's key: every key of a transaction
+    must be in one slot.
+    """
+
+    commands: tuple[Sequence[Arg], ...]
+
+
+#: An item of a batch: a plain command, or a transaction.
+Command = Sequence[Arg] | Atomic
 
 
 def pack(args: Sequence[Arg]) -> bytes:
@@ -39,7 +67,27 @@ def pack(args: Sequence[Arg]) -> bytes:
     return b"".join(parts)
 
 
-async def run_batch(redis: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+def pack_command(command: Command) -> tuple[bytes, int]:
+    """An item of a batch as RESP, and the number of replies it gets."""
+    if isinstance(command, Atomic):
+        parts = [pack(("MULTI",)), *[pack(c) for c in command.commands], pack(("EXEC",))]
+        return b"".join(parts), len(parts)
+    return pack(command), 1
+
+
+def fold_replies(command: Command, replies: list[Any]) -> Any:
+    """The reply of an item of a batch from the raw replies :func:`pack_command` said
+    it gets (a transaction: its ``EXEC`` reply, or why it did not run)."""
+    if type(command) is not Atomic:
+        return replies[0]
+    executed = replies[-1]
+    if isinstance(executed, Exception):  # refused as a whole: none of it ran
+        queued = next((r for r in replies[1:-1] if isinstance(r, Exception)), None)
+        return queued if queued is not None else executed
+    return executed
+
+
+async def run_batch(redis: Any, commands: Sequence[Command]) -> list[Any]:
     """Run ``commands`` in one round trip; one reply per command, in order. An error
     reply is returned as its :class:`ResponseError` (the caller decides)."""
     if not commands:
@@ -50,7 +98,7 @@ async def run_batch(redis: Any, commands: Sequence[Sequence[Arg]]) -> list[Any]:
 
 
 async def run_batch_wait(
-    redis: Any, commands: Sequence[Sequence[Arg]], replicas: int, timeout_ms: int
+    redis: Any, commands: Sequence[Command], replicas: int, timeout_ms: int
 ) -> tuple[list[Any], list[Any]]:
     """:func:`run_batch`, each write ending with ``WAIT replicas timeout_ms`` on the same
     connection: ``(replies, waited)``, ``waited[i]`` the number of replicas that
@@ -63,7 +111,7 @@ async def run_batch_wait(
 
 
 async def _other_batch(
-    redis: Any, commands: Sequence[Sequence[Arg]], wait: tuple[int, int] | None
+    redis: Any, commands: Sequence[Command], wait: tuple[int, int] | None
 ) -> tuple[list[Any], list[Any]]:
     from streamworks.redis.client import WaitingRedisCluster
 
@@ -74,42 +122,71 @@ async def _other_batch(
     # Anything else (a subclass of redis-py's clients, e.g. one recording what it sends,
     # or a pipeline-capable stand-in): its pipeline, as for a single server.
     pipe = redis.pipeline(transaction=False)
+    counts = []
     for command in commands:
-        pipe.execute_command(*command)
+        items: list[Sequence[Arg]] = (
+            [("MULTI",), *command.commands, ("EXEC",)] if isinstance(command, Atomic) else [command]
+        )
+        for item in items:
+            pipe.execute_command(*item)
+        counts.append(len(items))
     if wait is not None:
         pipe.execute_command("WAIT", *wait)
-    replies = list(await pipe.execute(raise_on_error=False))
+    raw = list(await pipe.execute(raise_on_error=False))
+    replies, position = [], 0
+    for command, count in zip(commands, counts, strict=True):
+        replies.append(fold_replies(command, raw[position : position + count]))
+        position += count
     if wait is None:
         return replies, [None] * len(commands)
     return replies[:-1], [replies[-1]] * len(commands)
 
 
 async def _single_batch(
-    redis: Redis, commands: Sequence[Sequence[Arg]], wait: tuple[int, int] | None
+    redis: Redis, commands: Sequence[Command], wait: tuple[int, int] | None
 ) -> tuple[list[Any], list[Any]]:
     pool = redis.connection_pool
     connection = await pool.get_connection()  # type: ignore[no-untyped-call]
-    packed = [pack(c) for c in commands]
+    packed, counts = [], []
+    atomic = False
+    for command in commands:
+        if isinstance(command, Atomic):
+            data, count = pack_command(command)
+            atomic = True
+        else:
+            data, count = pack(command), 1
+        packed.append(data)
+        counts.append(count)
     if wait is not None:
         packed.append(pack(["WAIT", *wait]))
+        counts.append(1)
     try:
         await connection.send_packed_command(b"".join(packed))
-        replies: list[Any] = []
-        for _ in packed:
+        raw: list[Any] = []
+        for _ in range(sum(counts)):
             try:
-                replies.append(await connection.read_response())
+                raw.append(await connection.read_response())
             except ResponseError as e:  # an error reply; the connection stays in sync
-                replies.append(e)
+                raw.append(e)
     except BaseException:
         await _discard(pool, connection)
         raise
     await pool.release(connection)
+    if atomic:
+        replies, position = [], 0
+        for command, count in zip(commands, counts, strict=False):
+            replies.append(fold_replies(command, raw[position : position + count]))
+            position += count
+        if wait is not None:
+            replies.append(raw[-1])
+    else:
+        replies = raw
     if wait is None:
         return replies, [None] * len(commands)
     return replies[:-1], [replies[-1]] * len(commands)
 
 
-async def call(redis: Any, args: Sequence[Arg]) -> Any:
+async def call(redis: Any, args: Command) -> Any:
     """One command, as :func:`run_batch` sends it; an error reply raises its
     :class:`ResponseError` (``NoScriptError`` for ``NOSCRIPT``). The reply is the
     parser's, without redis-py's per-command response callbacks."""

@@ -32,6 +32,7 @@ import anyio
 from redis.exceptions import RedisError, ResponseError
 
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.scripts import ReadStatus
 from streamworks.redis.wire import Arg
 from streamworks.runtime.dead_letter import parse_final
 from streamworks.runtime.message import Message, messages_from_entries
@@ -73,6 +74,7 @@ class ShardReader:
         self.consumer = worker.member_id
         self.stream_key = keyspace.stream(shard)
         self.fence_key = keyspace.fence(shard, self.group)
+        self.hold_key = keyspace.read_hold(shard)
         self.retry_key = keyspace.retries(shard, self.group)
         self.accepting = True  # False once draining/stopped: queued messages are dropped
         self.stop_reason: str | None = None
@@ -141,16 +143,11 @@ class ShardReader:
         await self.worker.clock.sleep(delay)
 
     async def _read_round(self) -> None:
-        keys: list[Arg] = [self.stream_key, self.fence_key]
+        keys: list[Arg] = [self.stream_key, self.fence_key, self.hold_key]
         # Never more than the read-ahead room left: bounded memory per shard.
-        args: list[Arg] = [
-            self.group,
-            self.consumer,
-            self.token,
-            min(self._batch, self._limit - self.outstanding),
-        ]
+        count = min(self._batch, self._limit - self.outstanding)
         idle_after, self._idle_after = self._idle_after, None
-        reply: Any = None
+        reply: tuple[int, Any] | None = None
         if idle_after is not None:
             # Nothing new at the last read: wait for an entry after the last one. The
             # wait reads nothing (a plain XREAD, no group), so it cannot take entries
@@ -167,7 +164,7 @@ class ShardReader:
             waiter = self.worker.waiter
             if waiter.take_own_wait():
                 try:
-                    reply = await self._wait_and_read(idle_after, int(timeout * 1000), keys, args)
+                    reply = await self._wait_and_read(idle_after, int(timeout * 1000), keys, count)
                 finally:
                     waiter.release_own_wait()
                 if reply is None:  # interrupted: the queued read may have run, so claim
@@ -190,12 +187,14 @@ class ShardReader:
         # At most read_concurrency reads of the worker at once: its pool (one per node
         # on a cluster) then holds that many connections, not one per shard.
         async with self.worker.read_slots:
-            reply = await self.worker.scripts.call("read", keys, args)
+            reply = await self.worker.scripts.fenced_read(
+                keys, self.group, self.consumer, self.token, count
+            )
         self._handle_read(reply)
 
     async def _wait_and_read(
-        self, idle_after: bytes, block_ms: int, keys: list[Arg], args: list[Arg]
-    ) -> Any:
+        self, idle_after: bytes, block_ms: int, keys: list[Arg], count: int
+    ) -> tuple[int, Any] | None:
         """An own wait: ``XREAD BLOCK`` on this shard alone with the fenced read sent
         right behind it on the same (pooled) connection, so Redis runs the read the
         moment the wait returns, with no round trip between (the lowest latency; one
@@ -206,19 +205,23 @@ class ShardReader:
         ]  # fmt: skip
         try:
             with anyio.CancelScope() as self._wait_scope:
-                return await self.worker.scripts.call_after(wait, "read", keys, args)
+                return await self.worker.scripts.fenced_read(
+                    keys, self.group, self.consumer, self.token, count, after=wait
+                )
         finally:
             self._wait_scope = None
         return None
 
-    def _handle_read(self, reply: Any) -> None:
-        status = reply[0]
-        if status == 1:
-            self._deliver(reply[1], None)
-        elif status == 0:
-            self._idle_after = reply[1]
+    def _handle_read(self, reply: tuple[int, Any]) -> None:
+        status, value = reply
+        if status == ReadStatus.ENTRIES:
+            self._deliver(value, None)
+        elif status == ReadStatus.IDLE:
+            self._idle_after = value
+        elif status == ReadStatus.UNCHECKED:
+            self.recovering = True  # what the read took is claimed, fenced, next round
         else:
-            self._refused(status, reply)
+            self._refused(status, [status, value])
 
     async def _claim_round(self) -> None:
         async with self.worker.read_slots:

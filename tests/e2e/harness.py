@@ -117,15 +117,22 @@ class Proc:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def spawn(name: str, args: Sequence[str], env: Mapping[str, str], workdir: Path) -> Proc:
-    """Start ``python *args`` from the repository root in a session of its own (a
-    terminal's Ctrl-C never reaches it; its process group can be killed as one)."""
+def spawn(
+    name: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    workdir: Path,
+    *,
+    cwd: Path = REPO,
+) -> Proc:
+    """Start ``python *args`` from ``cwd`` (the repository root) in a session of its own
+    (a terminal's Ctrl-C never reaches it; its process group can be killed as one)."""
     log = workdir / f"{name}.log"
     with open(log, "ab") as out:
         popen = subprocess.Popen(
             [sys.executable, *args],
             env=dict(env),
-            cwd=REPO,
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -36,7 +36,9 @@ async def test_reload_restarts_the_app_and_keeps_redis_and_url(
     port = free_port()
     env = {**cluster.env(), "PYTHONPATH": f"{tmp_path}:{REPO}"}
     args = ["-m", "streamworks", "dev", "devapp:app", "--workers", "1", "--port", str(port)]
-    dev = spawn("dev", [*args, "--reload"], env, tmp_path)
+    # Run from the app's directory, as a user would: the watch covers it alone, not the
+    # repository with its virtualenv.
+    dev = spawn("dev", [*args, "--reload"], env, tmp_path, cwd=tmp_path)
     cluster.procs.append(dev)
 
     async def started(n: int) -> bool:

@@ -162,13 +162,9 @@ async def _run(
         must_pause = False
         for write in writes.values():
             for item, reply in zip(write.items, write.replies, strict=True):
-                if (
-                    isinstance(reply, AskError)
-                    and item.redirects < MAX_REDIRECTS
-                    # ASKING lets only the next command in, not a transaction's: one
-                    # refused by ASK (a slot migrating) is the caller's to retry.
-                    and (isinstance(reply, MovedError) or type(commands[item.index]) is not Atomic)
-                ):
+                # ASK: ASKING goes first; before a transaction's MULTI it holds until
+                # EXEC (Redis keeps the flag while a client is in MULTI).
+                if isinstance(reply, AskError) and item.redirects < MAX_REDIRECTS:
                     item.redirects += 1
                     if isinstance(reply, MovedError):
                         await cluster.nodes_manager.move_slot(reply)

@@ -144,10 +144,9 @@ async def sw_child(
 
     _preload()
     if freeze:
-        import gc
+        from streamworks.runtime.process import freeze_startup_heap
 
-        gc.collect()
-        gc.freeze()
+        freeze_startup_heap()  # as the command does once up
     worker, redis, shards = consume._sw_worker(url, group, stream, 0.0)
     await consume._sw_write_fences(worker, shards)
     cpu, start = time.process_time(), time.perf_counter()

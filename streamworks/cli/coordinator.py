@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import socket
@@ -24,6 +23,7 @@ from streamworks.cli.common import (
 from streamworks.coordinator.http import QuietServer, create_api
 from streamworks.coordinator.service import CoordinatorService
 from streamworks.redis.client import create_redis
+from streamworks.runtime.process import freeze_startup_heap
 from streamworks.settings import Settings
 
 log = logging.getLogger("streamworks.cli")
@@ -99,7 +99,7 @@ async def _run(settings: Settings) -> None:
                     await anyio.sleep(0.01)  # uvicorn exposes no started event
             if not server.started:
                 fail(f"could not listen on {host}:{port}")
-            tune_collector()
+            freeze_startup_heap()  # the full GC passes were the heartbeat p99
             log.info(
                 "coordinator listening on http://%s:%d (Redis %s, prefix %r, auth %s)",
                 host,
@@ -116,29 +116,6 @@ async def _run(settings: Settings) -> None:
                     break
     finally:
         await redis.aclose()
-
-
-#: Allocations between two young collections (CPython's default: 700).
-YOUNG_THRESHOLD = 50_000
-
-
-def tune_collector() -> None:
-    """Keep the cyclic collector's full passes off the heartbeat path.
-
-    A replica serving 1,000 members holds ~200,000 long-lived objects (their records,
-    a keep-alive connection each). With the default thresholds, the objects of the
-    requests in flight at each young collection are promoted, and CPython runs a full
-    pass once promotions reach a quarter of the old generation: measured here every
-    1-3 s, 90-200 ms each, collecting nearly nothing, and that pause was the heartbeat
-    p99 (``docs/performance.md``). Rarer young collections promote far less (a request's
-    objects are gone before the next one), and what was alive at startup (modules,
-    settings, clients) is moved out of every pass. Process-wide, so the command does it,
-    not the library; cyclic garbage still goes, a little later.
-    """
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(YOUNG_THRESHOLD, middle, old)
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -72,7 +72,7 @@ CONFIG = {
     "no-op; one XACK per batch; one process, one client (8 connections)",
     "raw-N": "one coroutine; XREADGROUP COUNT N per shard in turn; no-op; one XACK per batch",
     "streamworks": "a worker process as `streamworks worker` runs it: Worker, default Settings "
-    "(read_batch 200, read_ahead 3, ack_batch 1000), ordering='key', concurrency 64, "
+    "(read_batch 500, read_ahead 3, ack_batch 1000), ordering='key', concurrency 64, "
     "StaticAssignment of the 8 shards, handler(payload: bytes); the startup heap frozen "
     "(freeze_startup_heap, as the command does once up)",
     "streamworks-lib": "the same Worker embedded as a library, without freeze_startup_heap "

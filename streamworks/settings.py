@@ -27,7 +27,7 @@ __all__ = (
 class WorkerSettings(BaseModel):
     """Tuning of the data plane (``streamworks worker``)."""
 
-    read_batch: int = Field(200, ge=1, le=10_000, description="entries per fenced read")
+    read_batch: int = Field(500, ge=1, le=10_000, description="entries per fenced read")
     read_ahead: int = Field(3, ge=1, le=64, description="batches in flight per shard")
     block: float = Field(1.0, gt=0, le=30, description="longest wait for new entries (s)")
     read_concurrency: int = Field(

@@ -177,6 +177,17 @@ class Runs:
         with self._run(shard, cancellable=True, check_start=False):
             return await _resume(coro, first)
 
+    async def run_rest(self, shard: str, coro: Coroutine[Any, Any, T], first: Any) -> T:
+        """The rest of an async handler's run whose first step the caller ran itself
+        (``coro.send(None)`` yielded ``first``: it suspended): from there on, exactly
+        what :meth:`run_coroutine` does with a coroutine that suspends.
+
+        Raises:
+            RunCancelled: as :meth:`run`.
+        """
+        with self._run(shard, cancellable=True, check_start=False):
+            return await _resume(coro, first)
+
     def in_thread(self, shard: str, fn: Callable[[], T]) -> Callable[[], T]:
         """``fn`` wrapped so the run counts while the worker thread runs it, even if
         the awaiting task stops waiting (a handler timeout abandons the thread)."""

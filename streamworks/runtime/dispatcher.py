@@ -316,9 +316,10 @@ class Dispatcher:
                 lane = message.key if by_key else message.shard
                 if lane is None:
                     break
-                queue = busy.get(lane)
+                # One dict operation when nothing queued behind it (the usual case).
+                queue = busy.pop(lane, None)
                 if queue:
                     message = queue.popleft()
+                    busy[lane] = queue  # the lane stays busy with its new head
                 else:
-                    busy.pop(lane, None)
                     message = None

@@ -46,11 +46,11 @@ class Message:
         "__dict__",
         "_fields",
         "_grant",
+        "_published",
         "_reader",
         "_rid",
         "key",
         "payload",
-        "published_at",
         "shard",
         "stream",
     )
@@ -86,7 +86,7 @@ class Message:
             self.event_id = event_id
         if headers is not None:
             self.headers = headers
-        self.published_at = published_at
+        self._published: int | bytes = published_at
         self._reader: ShardReader | None = None
         self._fields: list[Any] | None = None  # raw entry fields (kept for the DLQ)
         self._grant = 0  # the grant epoch it was read under (Context.fencing_token)
@@ -116,12 +116,12 @@ class Message:
                 message.key,
                 event_id,
                 headers,
-                message.published_at,
+                message._published,
             ) = parse_fields(fields)
         except DecodeError as e:
             message.payload = b""
             message.key = None
-            message.published_at = 0
+            message._published = 0
             message._error = str(e)
             return message
         if event_id is not None:
@@ -134,6 +134,13 @@ class Message:
     def id(self) -> str:
         """The Redis entry id."""
         return self._rid.decode()
+
+    @property
+    def published_at(self) -> int:
+        """Publish time, ms since the epoch."""
+        # Kept as the entry's digits until asked for (few handlers do): the hot path
+        # only checks that they are digits (messages_from_entries).
+        return int(self._published)
 
     @property
     def attempt(self) -> int:
@@ -151,6 +158,10 @@ def _grant_epoch(token: str) -> int:
         return int(head)
     except ValueError:
         return 0
+
+
+#: Longest publish time taken as digits unconverted (ms since the epoch has 13).
+_MAX_TIME_DIGITS = 18
 
 
 def messages_from_entries(
@@ -181,11 +192,16 @@ def messages_from_entries(
             and type(payload := raw[1]) is bytes
             and len(payload) <= MAX_PAYLOAD
             and (n == 6 or raw[6] == b"k")
+            # ASCII digits of a sane length: int() of them cannot fail, so the time is
+            # converted only if a handler asks (Message.published_at); anything else
+            # (a sign, spaces, a huge number) is the full parser's to judge.
+            and type(published := raw[3]) is bytes
+            and published.isdigit()
+            and len(published) <= _MAX_TIME_DIGITS
         ):
             try:
-                published_at = int(raw[3])
                 key = raw[7].decode() if n == 8 else None
-            except (ValueError, UnicodeDecodeError, TypeError, AttributeError):
+            except (UnicodeDecodeError, AttributeError):
                 append(slow(rid, stream, shard, reader, raw))  # the parser says why
                 continue
             message = new(Message)
@@ -197,7 +213,7 @@ def messages_from_entries(
             message._grant = grant
             message.payload = payload
             message.key = key
-            message.published_at = published_at
+            message._published = published
             append(message)
         else:
             append(slow(rid, stream, shard, reader, raw))

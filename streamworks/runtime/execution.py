@@ -564,7 +564,7 @@ class HandlerRuntime:
         traceback of ``exception``, the last attempt's, when there is one)."""
         reader = message._reader
         assert reader is not None
-        fields = original_fields(message._fields)
+        fields = original_fields(message._entry_fields())
         text = error[:_MAX_ERROR]  # a hard cap on the entry's size
         fields.update(
             {

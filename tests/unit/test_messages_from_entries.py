@@ -32,7 +32,7 @@ ENTRIES: list[list[Any]] = [
 ]
 
 ATTRS = (
-    "_rid", "stream", "shard", "_reader", "_fields", "_grant", "payload", "key",
+    "_rid", "stream", "shard", "_reader", "_grant", "payload", "key",
     "event_id", "headers", "published_at", "due", "_failures", "_claimed",
     "_retry_record", "_error", "_dead_letter",
 )  # fmt: skip
@@ -47,6 +47,9 @@ def test_the_batch_constructor_matches_the_full_parser() -> None:
         expected = Message._from_entry(rid, "orders", "orders/0@0", reader, raw)
         for name in ATTRS:
             assert getattr(message, name) == getattr(expected, name), (raw, name)
+        # What a dead letter copies: the entry's fields as Redis returned them (the
+        # batch constructor rebuilds them rather than keeping the list).
+        assert message._entry_fields() == expected._entry_fields() == raw, raw
     assert batch[1].key == "customer-1" and batch[1]._grant == 7
     assert batch[2].event_id == "ev-1" and dict(batch[2].headers) == {"h": "1"}
     assert [m._error is not None for m in batch] == [

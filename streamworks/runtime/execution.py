@@ -32,6 +32,7 @@ import logging
 import math
 import types
 from bisect import bisect_left
+from collections.abc import Awaitable
 from time import get_clock_info, monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,7 @@ from streamworks.runtime.dispatcher import Dispatcher, Outcome, Processing
 from streamworks.runtime.failures import TracebackLog, traceback_text
 from streamworks.runtime.handler import HandlerSpec, bind_arguments, passes_payload
 from streamworks.runtime.message import Context, Message
-from streamworks.runtime.ownership import RunCancelled
+from streamworks.runtime.ownership import FirstSteps, RunCancelled
 
 if TYPE_CHECKING:
     from streamworks.app import App
@@ -156,6 +157,7 @@ class HandlerRuntime:
             and not self.plan.wants_context
         )
         self._invoke = _invoker(spec.fn, self.plan.order)
+        self._first_steps = FirstSteps()  # the hot path's handler coroutines' first steps
         # The hot path's shortcuts (see _process_simple): the payload bytes as they
         # are, and the handler called directly when it takes just the value.
         self._decode = None if passes_payload(self.plan.decode) else self.plan.decode
@@ -238,17 +240,19 @@ class HandlerRuntime:
             call = self._fn(value) if self._value_only else self._invoke(value, message)
             if type(call) is not types.CoroutineType:
                 # An async callable returning another kind of awaitable.
-                return self._finish_simple(message, call, None, started)
+                return self._finish_simple(message, call, started, suspended=False)
             # The coroutine's first step, in this task: one that finishes there cannot
             # have been cancelled or observed by anyone (no other task ran meanwhile),
             # so it needs no cancel scope (ownership.py, Runs.run_coroutine).
-            try:
-                first = call.send(None)
-            except StopIteration as stop:
-                result = stop.value
-            else:
-                return self._finish_simple(message, call, first, started)
+            steps = self._first_steps
+            step = steps.step(call)
+            if step is not steps.returned:  # it suspended: a counted run from here on
+                return self._finish_simple(message, steps.take(step), started, suspended=True)
+            result = step.value
+            if result is not None:
+                step.value = None  # not kept alive by the driver
         except BaseException as e:
+            self._first_steps.recover()
             self._duration.observe(_perf_counter() - started)
             return self._handler_raised(message, e)
         ended = _perf_counter()
@@ -292,18 +296,19 @@ class HandlerRuntime:
         return await _settled(self._process_simple(message))
 
     async def _finish_simple(
-        self, message: Message, call: Any, first: Any, started: float
+        self, message: Message, rest: Awaitable[Any], started: float, *, suspended: bool
     ) -> Outcome:
-        """The rest of a simple run whose handler suspended (yielding ``first`` from
-        its coroutine ``call``), or that returned another kind of awaitable (``first``
-        None): a counted, cancellable run from here on (``Runs``), then settled."""
+        """The rest of a simple run: a counted, cancellable run from here on (``Runs``),
+        then settled. ``rest``: the remaining steps of a handler coroutine that
+        ``suspended`` in its first step (``FirstSteps.take``), or the awaitable an async
+        callable returned (not started yet)."""
         try:
             try:
-                if type(call) is types.CoroutineType:
-                    result = await self._runs.run_rest(message.shard, call, first)
+                if suspended:
+                    result = await self._runs.run_rest(message.shard, rest)
                 else:
                     with self._runs.run(message.shard):
-                        result = await call
+                        result = await rest
             finally:
                 self._duration.observe(_perf_counter() - started)
             if result is not None and inspect.isawaitable(result):

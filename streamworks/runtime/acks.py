@@ -58,17 +58,22 @@ class Acker:
             assert reader is not None
             self._retried.setdefault(reader, []).extend((message._rid, message._rid + b":runs"))
         wakeup = self._wakeup
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)
+        if wakeup is not None:
+            # Woken once per flush, not looked at again per message (the hot path).
+            self._wakeup = None
+            if not wakeup.done():
+                wakeup.set_result(None)
 
     async def run(self) -> None:
         """Flush forever; cancel to stop (call :meth:`flush_now` first to lose nothing)."""
         loop = asyncio.get_running_loop()
         while True:
             if not self._buffer:
-                self._wakeup = loop.create_future()
-                await self._wakeup
-                self._wakeup = None
+                wakeup = self._wakeup = loop.create_future()
+                try:
+                    await wakeup
+                finally:
+                    self._wakeup = None
             await self.flush_now()
 
     async def flush_now(self) -> None:

@@ -141,7 +141,7 @@ class DeadLetters:
         earlier owner): write its entry unless written already. The handler is not run."""
         recorded = message._dead_letter
         assert recorded is not None
-        fields: Fields = original_fields(message._fields)
+        fields: Fields = original_fields(message._entry_fields())
         fields.update(recorded)
         return await self._append(message, fields)
 

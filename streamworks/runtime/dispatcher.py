@@ -48,6 +48,10 @@ log = logging.getLogger("streamworks.dispatcher")
 #: (acked, dead-lettered or dropped), or the time at which to run it again (on the
 #: worker's ``Clock.monotonic()``).
 Outcome = float | None
+#: What the processing callback returns: the outcome when it could settle the message
+#: without awaiting (a handler that never suspends: the consume hot path), else an
+#: awaitable of it, which the runner awaits with the message counted as running.
+Processing = Outcome | Awaitable[Outcome]
 
 
 class Dispatcher:
@@ -57,7 +61,7 @@ class Dispatcher:
         self,
         ordering: Ordering,
         concurrency: int,
-        process: Callable[[Message], Awaitable[Outcome]],
+        process: Callable[[Message], Processing],
         drop: Callable[[Message], None],
         clock: Clock | None = None,
     ) -> None:
@@ -65,7 +69,7 @@ class Dispatcher:
         Args:
             ordering: the handler's ordering mode.
             concurrency: runner tasks, i.e. messages in flight at once.
-            process: runs one message and returns its outcome.
+            process: runs one message and returns its outcome, or an awaitable of it.
             drop: called for a queued message that is discarded without running
                 (its shard was revoked or the lease was lost); it stays pending in Redis.
             clock: the clock due times are on (the worker's).
@@ -284,18 +288,24 @@ class Dispatcher:
                 if message.due and message.due > self._clock.monotonic():
                     self._park(message, message.due)
                     break
-                running.add(message)
                 try:
-                    due = await process(message)
+                    due = process(message)
+                    if due is not None and not isinstance(due, float):
+                        # It has to await: running from here on (what ``running``,
+                        # ``wait_quiet`` and a cancellation see). One settled without
+                        # awaiting was never seen running by another task: no bookkeeping.
+                        running.add(message)
+                        try:
+                            due = await due
+                        finally:
+                            running.discard(message)
+                            if self._quiet and not running:
+                                self._signal_quiet()
                 except Exception:
                     # A bug in the processing path (the handler's own failures are
                     # settled by ``process``): keep the message, log, try again later.
                     log.exception("processing %r failed; retrying it in 1 s", message)
                     due = self._clock.monotonic() + 1.0
-                finally:
-                    running.discard(message)
-                    if self._quiet and not running:
-                        self._signal_quiet()
                 if due is not None:
                     message.due = due
                     self._park(message, due)
@@ -306,9 +316,10 @@ class Dispatcher:
                 lane = message.key if by_key else message.shard
                 if lane is None:
                     break
-                queue = busy.get(lane)
+                # One dict operation when nothing queued behind it (the usual case).
+                queue = busy.pop(lane, None)
                 if queue:
                     message = queue.popleft()
+                    busy[lane] = queue  # the lane stays busy with its new head
                 else:
-                    busy.pop(lane, None)
                     message = None

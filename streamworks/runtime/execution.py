@@ -31,7 +31,9 @@ import inspect
 import logging
 import math
 import types
-from time import perf_counter
+from bisect import bisect_left
+from collections.abc import Awaitable
+from time import get_clock_info, monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -46,11 +48,11 @@ from streamworks.runtime.dead_letter import (
     fenced_retry_record,
     original_fields,
 )
-from streamworks.runtime.dispatcher import Dispatcher, Outcome
+from streamworks.runtime.dispatcher import Dispatcher, Outcome, Processing
 from streamworks.runtime.failures import TracebackLog, traceback_text
 from streamworks.runtime.handler import HandlerSpec, bind_arguments, passes_payload
 from streamworks.runtime.message import Context, Message
-from streamworks.runtime.ownership import RunCancelled
+from streamworks.runtime.ownership import FirstSteps, RunCancelled
 
 if TYPE_CHECKING:
     from streamworks.app import App
@@ -155,6 +157,7 @@ class HandlerRuntime:
             and not self.plan.wants_context
         )
         self._invoke = _invoker(spec.fn, self.plan.order)
+        self._first_steps = FirstSteps()  # the hot path's handler coroutines' first steps
         # The hot path's shortcuts (see _process_simple): the payload bytes as they
         # are, and the handler called directly when it takes just the value.
         self._decode = None if passes_payload(self.plan.decode) else self.plan.decode
@@ -197,64 +200,143 @@ class HandlerRuntime:
             reader.settle(message)
 
     # -- the straight line ---------------------------------------------------------------
-    async def _process_simple(self, message: Message) -> Outcome:
+    def _process_simple(self, message: Message) -> Processing:
         """:meth:`process` for the common handler: ``async def``, no timeout, no
-        idempotency key, no Context — the same steps with nothing optional."""
+        idempotency key, no Context — the same steps with nothing optional, run as far
+        as they go without awaiting.
+
+        A handler that finishes without suspending (the consume hot path) is run, timed
+        and settled right here: no coroutine of the runtime's own around it, one clock
+        read before and one after. Whatever has to await (a taken-over message's run
+        count, a dead letter, a retry record, a handler that suspends) is returned as
+        the awaitable that carries on from there; the dispatcher awaits it.
+        """
+        if message._claimed or message._dead_letter is not None or message._error is not None:
+            return self._process_rare(message)
         reader = message._reader
         assert reader is not None
-        if not reader.accepting or not self._lease.valid():
+        lease = self._lease
+        clock = lease.clock
+        # lease.valid() inlined: one clock read per side of the run, each serving both
+        # the lease check and the duration where the clocks are one (_ONE_CLOCK); the
+        # offset is re-read after the run, so a clock advanced meanwhile is seen.
+        now = _monotonic()
+        if not reader.accepting or now + clock.offset >= lease.deadlines.start_until:
             # Revoked, or the lease ran out while it was queued (e.g. the process was
             # paused): never start it; it stays pending for the shard's owner.
             self._dropped(message)
             return None
-        if message._dead_letter is not None:  # its final failure is recorded: finish it
-            return await self._settle_dead_letter(message, await self._letters.resume(message))
-        if message._error is not None:
-            return await self._dead_letter(message, "poison", message._error)
-        # Nothing awaited since the lease check above (unless a taken-over message's
-        # run was counted): the run need not check it again.
-        checked = not message._claimed
-        if message._claimed and await self._count_run(message):
-            return None  # dead-lettered: it kept killing its workers
         decode = self._decode
         value: Any = message.payload  # payload: bytes (or no value: then unused)
         if decode is not None:
             try:
                 value = decode(value)
             except DecodeError as e:
-                return await self._dead_letter(message, "poison", str(e))
+                return self._dead_letter(message, "poison", str(e))
+            started = _perf_counter()  # the run is timed from after the decoding
+        else:
+            started = now if _ONE_CLOCK else _perf_counter()
         try:
-            started = _perf_counter()
+            call = self._fn(value) if self._value_only else self._invoke(value, message)
+            if type(call) is not types.CoroutineType:
+                # An async callable returning another kind of awaitable.
+                return self._finish_simple(message, call, started, suspended=False)
+            # The coroutine's first step, in this task: one that finishes there cannot
+            # have been cancelled or observed by anyone (no other task ran meanwhile),
+            # so it needs no cancel scope (ownership.py, Runs.run_coroutine).
+            steps = self._first_steps
+            step = steps.step(call)
+            if step is not steps.returned:  # it suspended: a counted run from here on
+                return self._finish_simple(message, steps.take(step), started, suspended=True)
+            result = step.value
+            if result is not None:
+                step.value = None  # not kept alive by the driver
+        except BaseException as e:
+            self._first_steps.recover()
+            self._duration.observe(_perf_counter() - started)
+            return self._handler_raised(message, e)
+        ended = _perf_counter()
+        # FastHistogram.observe, inlined (once per message); a run within the first
+        # bucket (most) needs no bisect.
+        histogram = self._duration
+        elapsed = ended - started
+        bounds = histogram.bounds
+        histogram.counts[0 if elapsed <= bounds[0] else bisect_left(bounds, elapsed)] += 1
+        histogram.sum += elapsed
+        if result is not None and inspect.isawaitable(result):
+            _discard(result)
             try:
-                call = self._fn(value) if self._value_only else self._invoke(value, message)
-                if type(call) is types.CoroutineType:
-                    # No cancel scope for a handler that never suspends (ownership.py).
-                    result = await self._runs.run_coroutine(
-                        message.shard, call, check_start=not checked
-                    )
-                else:  # an async callable returning another awaitable
+                raise TypeError("the handler returned an awaitable it did not await")
+            except TypeError as e:
+                return self._handler_raised(message, e)
+        # lease.held(), inlined: a run that ended after the lease expired (the process
+        # was paused) is not this member's to settle (ownership.py).
+        if (ended if _ONE_CLOCK else _monotonic()) + clock.offset >= lease.deadlines.expires_at:
+            self._dropped(message)  # it stays pending for the next owner
+            return None
+        self.statistics.handled += 1
+        self.acker.ack(message)
+        return None
+
+    async def _process_rare(self, message: Message) -> Outcome:
+        """:meth:`_process_simple` for a message with a history: taken over from a
+        pending list (its run is counted first), or already known to be dead."""
+        reader = message._reader
+        assert reader is not None
+        if not reader.accepting or not self._lease.valid():
+            self._dropped(message)  # revoked/lease lost while queued: leave it pending
+            return None
+        if message._dead_letter is not None:  # its final failure is recorded: finish it
+            return await self._settle_dead_letter(message, await self._letters.resume(message))
+        if message._error is not None:
+            return await self._dead_letter(message, "poison", message._error)
+        if message._claimed and await self._count_run(message):
+            return None  # dead-lettered: it kept killing its workers
+        # Nothing of the above is left to do: the straight line from its start.
+        return await _settled(self._process_simple(message))
+
+    async def _finish_simple(
+        self, message: Message, rest: Awaitable[Any], started: float, *, suspended: bool
+    ) -> Outcome:
+        """The rest of a simple run: a counted, cancellable run from here on (``Runs``),
+        then settled. ``rest``: the remaining steps of a handler coroutine that
+        ``suspended`` in its first step (``FirstSteps.take``), or the awaitable an async
+        callable returned (not started yet)."""
+        try:
+            try:
+                if suspended:
+                    result = await self._runs.run_rest(message.shard, rest)
+                else:
                     with self._runs.run(message.shard):
-                        result = await call
+                        result = await rest
             finally:
                 self._duration.observe(_perf_counter() - started)
             if result is not None and inspect.isawaitable(result):
                 _discard(result)
                 raise TypeError("the handler returned an awaitable it did not await")
-        except RunCancelled:
-            self._dropped(message)  # ownership ended: it stays pending for the next owner
-            return None
-        except Skip:
-            self.statistics.skipped += 1
-        except Retry as signal:
-            return await self._failed(message, signal.reason, signal.delay)
         except BaseException as e:
-            if _cancelled_from_outside(e):
-                self._dropped(message)  # a hard stop: the entry stays pending
-                raise
-            return await self._failed(message, describe(e), None, e)
+            return await _settled(self._handler_raised(message, e))
         self.statistics.handled += 1
         self.acker.ack(message)
         return None
+
+    def _handler_raised(self, message: Message, error: BaseException) -> Processing:
+        """Settle a simple run that raised ``error``: Skip acks, ownership lost drops,
+        anything else is a failed attempt (returned: the awaitable that records it)."""
+        if isinstance(error, RunCancelled):
+            self._dropped(message)  # ownership ended: it stays pending for the next owner
+            return None
+        if isinstance(error, Skip):
+            self.statistics.skipped += 1
+            self.statistics.handled += 1
+            self.acker.ack(message)
+            return None
+        if isinstance(error, Retry):
+            return self._failed(message, error.reason, error.delay)
+        if _cancelled_from_outside(error):
+            self._dropped(message)  # a hard stop: the entry stays pending
+            raise error
+        return self._failed(message, describe(error), None, error)
 
     async def process(self, message: Message) -> Outcome:
         """Run ``message`` and settle it; return a due time to run it again, or None."""
@@ -487,7 +569,7 @@ class HandlerRuntime:
         traceback of ``exception``, the last attempt's, when there is one)."""
         reader = message._reader
         assert reader is not None
-        fields = original_fields(message._fields)
+        fields = original_fields(message._entry_fields())
         text = error[:_MAX_ERROR]  # a hard cap on the entry's size
         fields.update(
             {
@@ -539,6 +621,20 @@ class HandlerRuntime:
 _CLAIMED = object()
 # Durations for the metrics are real elapsed time, not the worker's (movable) clock.
 _perf_counter = perf_counter
+# The worker's clock is this plus its offset (clock.py), read inline on the hot path.
+_monotonic = monotonic
+#: Whether perf_counter() reads the same clock as monotonic() (Linux, macOS): one
+#: reading then times a run and checks its lease.
+_ONE_CLOCK = (
+    get_clock_info("perf_counter").implementation == get_clock_info("monotonic").implementation
+)
+
+
+async def _settled(outcome: Processing) -> Outcome:
+    """``outcome``, awaited if it is still to come."""
+    if outcome is None or isinstance(outcome, float):
+        return outcome
+    return await outcome
 
 
 class _NoTimeout:

@@ -39,7 +39,9 @@ class Lease:
         self.clock = clock or Clock()
         self.grace = grace
         self.drift = drift
-        self._deadlines = Deadlines.fixed(deadline, grace)
+        #: The current lease's deadlines (replaced, never changed, on renewal or expiry):
+        #: a plain attribute, read per handler run on the hot path (execution.py).
+        self.deadlines = Deadlines.fixed(deadline, grace)
         self._renewed = asyncio.Event()
         self._changed = asyncio.Event()
         self.renewals = 0
@@ -47,26 +49,22 @@ class Lease:
         self.fail_stops = 0
 
     @property
-    def deadlines(self) -> Deadlines:
-        return self._deadlines
-
-    @property
     def deadline(self) -> float:
         """Until when new runs may start (and shards be read)."""
-        return self._deadlines.start_until
+        return self.deadlines.start_until
 
     def valid(self) -> bool:
         """Whether new runs may start now."""
-        return self.clock.monotonic() < self._deadlines.start_until
+        return self.clock.monotonic() < self.deadlines.start_until
 
     def held(self) -> bool:
         """Whether the lease has not expired yet (the coordinator cannot have moved the
         shards): a run ending now may still settle its message."""
-        return self.clock.monotonic() < self._deadlines.expires_at
+        return self.clock.monotonic() < self.deadlines.expires_at
 
     def remaining(self) -> float:
         """Seconds until the start-work deadline (negative once passed)."""
-        return self._deadlines.start_until - self.clock.monotonic()
+        return self.deadlines.start_until - self.clock.monotonic()
 
     def renew(self, deadline: float) -> None:
         """Set a hand-made lease: start work until ``deadline`` (on :attr:`clock`),
@@ -81,7 +79,7 @@ class Lease:
         )
 
     def _set(self, deadlines: Deadlines) -> None:
-        self._deadlines = deadlines
+        self.deadlines = deadlines
         self.renewals += 1
         self._signal()
         if self.valid():
@@ -91,7 +89,7 @@ class Lease:
         """End the lease now (the member was fenced or is unknown): nothing starts,
         running async handlers are cancelled, and the old lease's fail-stop point
         stays (the coordinator may hand the shards on when that lease expires)."""
-        self._deadlines = self._deadlines.ended(self.clock.monotonic())
+        self.deadlines = self.deadlines.ended(self.clock.monotonic())
         self._signal()
 
     def recheck(self) -> None:

@@ -72,12 +72,16 @@ class FastHistogram:
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
+        if not self.bounds:
+            raise ValueError("a histogram needs at least one bucket bound")
         self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        # bisect_left: a value equal to a bound lands in that bucket (``le`` is <=).
-        self.counts[bisect_left(self.bounds, value)] += 1
+        # bisect_left: a value equal to a bound lands in that bucket (``le`` is <=); the
+        # first bucket (the usual one for fast handlers) without it.
+        bounds = self.bounds
+        self.counts[0 if value <= bounds[0] else bisect_left(bounds, value)] += 1
         self.sum += value
 
     @property

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import sys
 import threading
 import types
 from collections import Counter
-from collections.abc import Callable, Collection, Coroutine, Generator, Iterator
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator, Iterator
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,7 +42,14 @@ if TYPE_CHECKING:
     from streamworks.runtime.lease import Lease
     from streamworks.runtime.worker import Worker
 
-__all__ = ("FAIL_STOP_EXIT_CODE", "RunCancelled", "Runs", "exit_process", "watch_lease")
+__all__ = (
+    "FAIL_STOP_EXIT_CODE",
+    "FirstSteps",
+    "RunCancelled",
+    "Runs",
+    "exit_process",
+    "watch_lease",
+)
 
 log = logging.getLogger("streamworks.worker")
 
@@ -177,6 +185,17 @@ class Runs:
         with self._run(shard, cancellable=True, check_start=False):
             return await _resume(coro, first)
 
+    async def run_rest(self, shard: str, rest: Awaitable[T]) -> T:
+        """The rest of an async handler's run whose first step the caller ran itself and
+        which suspended there (``FirstSteps.take``): from there on, exactly what
+        :meth:`run_coroutine` does with a coroutine that suspends.
+
+        Raises:
+            RunCancelled: as :meth:`run`.
+        """
+        with self._run(shard, cancellable=True, check_start=False):
+            return await rest
+
     def in_thread(self, shard: str, fn: Callable[[], T]) -> Callable[[], T]:
         """``fn`` wrapped so the run counts while the worker thread runs it, even if
         the awaiting task stops waiting (a handler timeout abandons the thread)."""
@@ -249,6 +268,89 @@ def _resume(coro: Coroutine[Any, Any, T], first: Any) -> Generator[Any, Any, T]:
                 return stop.value  # type: ignore[no-any-return]
             continue
         return (yield from coro.__await__())
+
+
+class _Returned:
+    """What a driver yields when its coroutine returned (the value inside)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+
+@types.coroutine
+def _drive(returned: _Returned) -> Generator[Any, Any, None]:
+    """Run coroutine after coroutine sent in: each one's steps are delegated with
+    ``yield from`` (what it yields goes to the sender, as a suspension), and its return
+    value comes back as ``returned``, yielded, ready for the next coroutine."""
+    coro = yield
+    while True:
+        returned.value = yield from coro
+        coro = yield returned
+
+
+class FirstSteps:
+    """Runs the first steps of coroutines (async handlers' calls) one after another,
+    on one long-lived driver generator.
+
+    ``coro.send(None)`` reports a coroutine that returns by raising StopIteration;
+    raising and catching one per message cost about 0.12 µs of a consume hot path of
+    ~1.4 µs. Through the driver's ``yield from`` the value comes back without one.
+    :meth:`step` runs the first step; a coroutine that suspended there (it yielded
+    something other than :attr:`returned`) keeps the driver, whose rest :meth:`take`
+    hands over, and the next coroutine gets a new driver.
+    """
+
+    __slots__ = ("_driver", "returned", "step")
+
+    def __init__(self) -> None:
+        self._start()
+
+    def _start(self) -> None:
+        self.returned = _Returned()
+        driver: Generator[Any, Any, None] = _drive(self.returned)
+        driver.send(None)
+        self._driver = driver
+        #: ``step(coro)``: run ``coro`` until it returns (then :attr:`returned` is
+        #: returned, its value in ``returned.value``) or suspends (then what it yielded
+        #: is returned: call :meth:`take`). What ``coro`` raises is raised (then call
+        #: :meth:`recover`).
+        self.step: Callable[[Coroutine[Any, Any, Any]], Any] = driver.send
+
+    def take(self, first: Any) -> Awaitable[Any]:
+        """The rest of the coroutine that suspended in :meth:`step` yielding ``first``,
+        to be awaited (by ``Runs.run_rest``); the next step runs on a new driver."""
+        driver, returned = self._driver, self.returned
+        self._start()
+        return _rest(driver, first, returned)
+
+    def recover(self) -> None:
+        """After :meth:`step` raised: the driver ended with its coroutine, so start a
+        new one (a raise before the coroutine ran leaves the driver as it was)."""
+        if inspect.getgeneratorstate(self._driver) == inspect.GEN_CLOSED:
+            self._start()
+
+
+@types.coroutine
+def _rest(
+    driver: Generator[Any, Any, None], first: Any, returned: _Returned
+) -> Generator[Any, Any, Any]:
+    """The remaining steps of a driven coroutine that suspended yielding ``first``: as
+    :func:`_resume`, through its driver (a cancellation thrown in goes to the
+    coroutine), until the driver yields ``returned``."""
+    step = first
+    while True:
+        try:
+            sent = yield step
+        except BaseException as exc:
+            step = driver.throw(exc)
+        else:
+            step = driver.send(sent)
+        if step is returned:
+            value = returned.value
+            returned.value = None
+            return value
 
 
 def exit_process(reason: str) -> None:

@@ -23,6 +23,8 @@ ENTRIES: list[list[Any]] = [
     _raw(encode_fields(b"x", "k", "ev-1", {"h": "1"}, 5)),  # + e, h: the full parser
     [b"v", b"x", b"t", b"5", b"f", b"1", b"k", b"\xff"],  # key not UTF-8: poison
     [b"v", b"x", b"t", b"nope", b"f", b"1"],  # bad time: poison
+    [b"v", b"x", b"t", b" 5", b"f", b"1"],  # not plain digits: the full parser's int()
+    [b"v", b"x", b"t", b"9" * 30, b"f", b"1"],  # too many digits to leave unconverted
     [b"v", b"x", b"t", b"5", b"f", b"2"],  # unknown format version: poison
     [b"t", b"5", b"v", b"x", b"f", b"1"],  # another field order: still parsed
     [b"v", b"x"],  # no version: poison
@@ -30,7 +32,7 @@ ENTRIES: list[list[Any]] = [
 ]
 
 ATTRS = (
-    "_rid", "stream", "shard", "_reader", "_fields", "_grant", "payload", "key",
+    "_rid", "stream", "shard", "_reader", "_grant", "payload", "key",
     "event_id", "headers", "published_at", "due", "_failures", "_claimed",
     "_retry_record", "_error", "_dead_letter",
 )  # fmt: skip
@@ -45,11 +47,16 @@ def test_the_batch_constructor_matches_the_full_parser() -> None:
         expected = Message._from_entry(rid, "orders", "orders/0@0", reader, raw)
         for name in ATTRS:
             assert getattr(message, name) == getattr(expected, name), (raw, name)
+        # What a dead letter copies: the entry's fields as Redis returned them (the
+        # batch constructor rebuilds them rather than keeping the list).
+        assert message._entry_fields() == expected._entry_fields() == raw, raw
     assert batch[1].key == "customer-1" and batch[1]._grant == 7
     assert batch[2].event_id == "ev-1" and dict(batch[2].headers) == {"h": "1"}
     assert [m._error is not None for m in batch] == [
-        False, False, False, True, True, True, False, True, True,
+        False, False, False, True, True, False, False, True, False, True, True,
     ]  # fmt: skip
+    assert (batch[0].published_at, batch[5].published_at) == (1718000000000, 5)
+    assert type(batch[0].published_at) is int
 
 
 def test_a_message_changed_later_keeps_the_change_to_itself() -> None:

@@ -1,4 +1,4 @@
-"""``Runs.run_coroutine``: the consume hot path's handler run (ownership.py).
+"""``Runs.run_coroutine`` and ``FirstSteps``: the consume hot path's handler run (ownership.py).
 
 A handler that finishes without suspending runs with no cancel scope; one that
 suspends is counted and cancellable exactly as under ``Runs.run``.
@@ -11,7 +11,7 @@ import asyncio
 import anyio
 import pytest
 
-from streamworks.runtime.ownership import RunCancelled, Runs
+from streamworks.runtime.ownership import FirstSteps, RunCancelled, Runs
 
 
 async def test_a_handler_that_never_suspends_returns_its_value_uncounted() -> None:
@@ -127,3 +127,95 @@ async def test_start_and_settle_are_checked() -> None:
     with pytest.raises(RunCancelled, match="after the lease expired"):
         await runs.run_coroutine("s/0@0", suspending())
     assert ran == [1, 2]
+
+
+# -- FirstSteps + Runs.run_rest: the first step driven without a StopIteration -----------
+
+
+async def test_first_steps_return_values_on_one_driver() -> None:
+    steps = FirstSteps()
+    returned = steps.returned
+
+    async def handler(n: int) -> int:
+        return n * 2
+
+    for n in range(3):
+        step = steps.step(handler(n))
+        assert step is steps.returned is returned and step.value == n * 2
+
+
+async def test_a_first_step_that_raises_leaves_a_working_driver() -> None:
+    steps = FirstSteps()
+
+    async def failing() -> None:
+        raise KeyError("x")
+
+    async def fine() -> str:
+        return "ok"
+
+    with pytest.raises(KeyError):
+        steps.step(failing())
+    steps.recover()
+    assert steps.step(fine()).value == "ok"
+
+
+async def test_a_suspended_first_step_finishes_as_a_counted_run_beside_new_ones() -> None:
+    runs = Runs()
+    steps = FirstSteps()
+    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    counts: list[int] = []
+
+    async def suspending() -> int:
+        await asyncio.sleep(0)  # a bare yield first
+        value = await fut
+        counts.append(runs.count())
+        return value + 1
+
+    async def quick() -> str:
+        return "quick"
+
+    first = steps.step(suspending())
+    assert first is not steps.returned
+    rest = steps.take(first)
+    results: list[int] = []
+
+    async def go() -> None:
+        results.append(await runs.run_rest("s/0@0", rest))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(go)
+        await anyio.wait_all_tasks_blocked()
+        assert runs.count(["s/0@0"]) == 1
+        assert steps.step(quick()).value == "quick"  # a new driver meanwhile
+        fut.set_result(41)
+    assert results == [42] and counts == [1] and runs.count() == 0
+
+
+async def test_a_suspended_first_step_is_cancelled_through_its_driver() -> None:
+    runs = Runs()
+    steps = FirstSteps()
+    outcome: list[str] = []
+
+    async def stubborn() -> None:
+        for _ in range(2):
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                outcome.append("swallowed")  # and awaits again: cancelled again
+        outcome.append("returned")
+
+    rest = steps.take(steps.step(stubborn()))
+
+    async def go() -> None:
+        try:
+            await runs.run_rest("s/0@0", rest)
+        except RunCancelled:
+            outcome.append("cancelled")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(go)
+            await anyio.wait_all_tasks_blocked()
+            assert runs.cancel(["s/0@0"]) == 1
+    assert outcome == ["swallowed", "swallowed", "returned", "cancelled"]
+    assert runs.count() == 0

@@ -9,8 +9,11 @@ than wall-clock throughput.
 
 * ``raw-shard`` — one task per shard: ``XREADGROUP COUNT 100`` + one ``XACK`` per
   batch, a no-op per entry, all 8 tasks in one process on one client;
-* ``raw-lua`` — the same with streamworks' fenced read: ``read.lua`` (COUNT 200) and a
+* ``raw-gate`` — the same with streamworks' fenced read (``Scripts.fenced_read``: the
+  gate script, ``XREADGROUP`` and the ungate in one transaction, COUNT 200) and a
   hand-packed ``XACK`` per batch: what the fence costs without the framework;
+* ``raw-lua`` — the same with the older fenced read, ``read.lua`` (COUNT 200), which
+  passes the entries through Lua;
 * ``raw-100`` — one coroutine visiting the 8 shards in turn (``consume.py``'s);
 * ``streamworks`` — a default ``Worker`` (``consume.py``'s ``sw_child``);
 * ``streamworks-cli`` — the same, with the heap frozen once up, as the
@@ -38,7 +41,7 @@ import common
 import consume
 from common import SHARDS
 
-CONTESTANTS = ("raw-shard", "raw-lua", "raw-100", "streamworks", "streamworks-cli")
+CONTESTANTS = ("raw-shard", "raw-lua", "raw-gate", "raw-100", "streamworks", "streamworks-cli")
 
 
 async def raw_shard_child(url: str, keys: list[str], group: str, total: int) -> dict[str, Any]:
@@ -70,10 +73,13 @@ async def raw_shard_child(url: str, keys: list[str], group: str, total: int) -> 
     return {"rate": done / elapsed, "cpu_us": cpu / done * 1e6}
 
 
-async def raw_lua_child(url: str, keys: list[str], group: str, total: int) -> dict[str, Any]:
-    """``raw-shard`` with streamworks' fenced read: one task per shard, ``read.lua``
-    (COUNT 200, hand-packed EVALSHA) + one hand-packed XACK per batch. What the fence
-    costs without the framework around it."""
+async def raw_lua_child(
+    url: str, keys: list[str], group: str, total: int, gate: bool = False
+) -> dict[str, Any]:
+    """``raw-shard`` with a fenced read: one task per shard, ``read.lua`` (COUNT 200,
+    hand-packed EVALSHA) or, with ``gate``, streamworks' transaction
+    (``Scripts.fenced_read``), + one hand-packed XACK per batch. What the fence costs
+    without the framework around it."""
     _preload()
     from streamworks.coordinator.provision import grant_token, write_fence
     from streamworks.protocol.shards import ShardId
@@ -83,7 +89,7 @@ async def raw_lua_child(url: str, keys: list[str], group: str, total: int) -> di
 
     redis = common.create_client(url)
     scripts, keyspace = Scripts(redis), Keyspace(common.PREFIX)
-    member = "raw-lua"
+    member = "raw-gate" if gate else "raw-lua"
     shards = [ShardId("orders", i) for i in range(SHARDS)]
     for shard in shards:
         await write_fence(scripts, keyspace, shard, group, 1, member)
@@ -95,8 +101,12 @@ async def raw_lua_child(url: str, keys: list[str], group: str, total: int) -> di
         nonlocal done
         fkeys = [keyspace.stream(shard), keyspace.fence(shard, group)]
         args = [group, member, token, 200]
+        gkeys = [*fkeys, keyspace.read_hold(shard)]
         while not finished.is_set():
-            reply = await scripts.call("read", fkeys, args)  # type: ignore[arg-type]
+            if gate:
+                reply = await scripts.fenced_read(gkeys, group, member, token, 200)
+            else:
+                reply = await scripts.call("read", fkeys, args)  # type: ignore[arg-type]
             if reply[0] != 1:
                 await asyncio.sleep(0.01)
                 continue
@@ -199,9 +209,9 @@ async def run(suite: common.Suite, args: argparse.Namespace) -> dict[str, Any]:
                 if name == "raw-shard":
                     res = suite.child(_target("raw_shard_child"), url=suite.url, keys=keys,
                                       group=group, total=n)  # fmt: skip
-                elif name == "raw-lua":
+                elif name in ("raw-lua", "raw-gate"):
                     res = suite.child(_target("raw_lua_child"), url=suite.url, keys=keys,
-                                      group=group, total=n)  # fmt: skip
+                                      group=group, total=n, gate=name == "raw-gate")  # fmt: skip
                 elif name == "raw-100":
                     res = suite.child(_target("raw_100_child"), url=suite.url, keys=keys,
                                       group=group, total=n)  # fmt: skip

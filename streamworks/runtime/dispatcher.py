@@ -86,7 +86,6 @@ class Dispatcher:
         self._parked: dict[Message, asyncio.TimerHandle] = {}
         self._running_now: set[Message] = set()
         self._quiet: list[asyncio.Future[None]] = []
-        self._scope: anyio.CancelScope | None = None
         self._waking = 0  # runners woken that have not resumed yet
 
     @property
@@ -213,40 +212,19 @@ class Dispatcher:
 
     # -- running ---------------------------------------------------------------------
     async def run(self) -> None:
-        """Run the runners until cancelled."""
+        """Run the runners until cancelled. (Handlers are stopped one by one, through
+        their runs' cancel scopes (``ownership.Runs``), never by cancelling runners:
+        a lane is released by the runner that ran its head.)"""
         stop_retiming = self._clock.on_advance(self._retime)
         try:
-            while True:
-                with anyio.CancelScope() as scope:
-                    self._scope = scope
-                    async with anyio.create_task_group() as tg:
-                        for _ in range(self._concurrency):
-                            tg.start_soon(self._runner)
-                self._scope = None
-                self._after_cancel()
+            async with anyio.create_task_group() as tg:
+                for _ in range(self._concurrency):
+                    tg.start_soon(self._runner)
         finally:
             stop_retiming()
             for handle in self._parked.values():
                 handle.cancel()
             self._parked.clear()
-
-    def cancel_running(self) -> None:
-        """Cancel the handlers running now (their messages stay pending in Redis);
-        runners restart at once for whatever is still queued."""
-        if self._scope is not None:
-            self._scope.cancel()
-
-    def _after_cancel(self) -> None:
-        # The cancelled runners' waiters are gone with them, and the messages they ran
-        # were settled by the processing callback: release or advance their lanes.
-        self._idle.clear()
-        self._waking = 0
-        for message in list(self._running_now):
-            self._running_now.discard(message)
-            successor = self._next_of(message)
-            if successor is not None:
-                self._ready.append(successor)
-        self._signal_quiet()
 
     async def wait_quiet(self) -> None:
         """Wait until no handler is running."""

@@ -40,7 +40,7 @@ from streamworks.runtime.handler import Ordering
 if TYPE_CHECKING:
     from streamworks.runtime.message import Message
 
-__all__ = ("Dispatcher", "Outcome")
+__all__ = ("Dispatcher", "Outcome", "Processing", "settled")
 
 log = logging.getLogger("streamworks.dispatcher")
 
@@ -52,6 +52,13 @@ Outcome = float | None
 #: without awaiting (a handler that never suspends: the consume hot path), else an
 #: awaitable of it, which the runner awaits with the message counted as running.
 Processing = Outcome | Awaitable[Outcome]
+
+
+async def settled(outcome: Processing) -> Outcome:
+    """``outcome``, awaited if it is still to come."""
+    if outcome is None or isinstance(outcome, float):
+        return outcome
+    return await outcome
 
 
 class Dispatcher:

@@ -25,7 +25,6 @@ dispatcher gives it a turn:
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import logging
@@ -33,6 +32,7 @@ import math
 import types
 from bisect import bisect_left
 from collections.abc import Awaitable
+from contextlib import nullcontext
 from time import get_clock_info, monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
@@ -48,10 +48,23 @@ from streamworks.runtime.dead_letter import (
     fenced_retry_record,
     original_fields,
 )
-from streamworks.runtime.dispatcher import Dispatcher, Outcome, Processing
-from streamworks.runtime.failures import TracebackLog, traceback_text
-from streamworks.runtime.handler import HandlerSpec, bind_arguments, passes_payload
+from streamworks.runtime.dispatcher import Dispatcher, Outcome, Processing, settled
+from streamworks.runtime.failures import (
+    TracebackLog,
+    cancelled_from_outside,
+    clip,
+    describe,
+    traceback_text,
+)
+from streamworks.runtime.handler import (
+    HandlerSpec,
+    bind_arguments,
+    discard_awaitable,
+    invoker,
+    passes_payload,
+)
 from streamworks.runtime.message import Context, Message
+from streamworks.runtime.metrics import HandlerStatistics
 from streamworks.runtime.ownership import FirstSteps, RunCancelled
 
 if TYPE_CHECKING:
@@ -60,7 +73,7 @@ if TYPE_CHECKING:
     from streamworks.runtime.idempotency import IdempotencyStore
     from streamworks.runtime.worker import Worker
 
-__all__ = ("HandlerRuntime", "HandlerStatistics", "describe")
+__all__ = ("HandlerRuntime",)
 
 log = logging.getLogger("streamworks.handler")
 
@@ -71,53 +84,6 @@ _INFRA_RETRY = 1.0
 _MAX_DELAY = 86_400.0
 #: Dead-letter error texts are cut to this many characters.
 _MAX_ERROR = 4_000
-
-
-class HandlerStatistics:
-    """Counters of one handler in one worker."""
-
-    __slots__ = (
-        "crashed",
-        "dead_lettered",
-        "duplicates",
-        "failed",
-        "handled",
-        "poison",
-        "retried",
-        "skipped",
-    )
-
-    def __init__(self) -> None:
-        self.handled = 0  # handler returned (or Skip): acked
-        self.failed = 0  # attempts that raised (including Retry and timeouts)
-        self.retried = 0  # re-runs scheduled
-        self.dead_lettered = 0
-        self.poison = 0  # dead-lettered because undecodable
-        self.crashed = 0  # dead-lettered because every run died with its worker
-        self.duplicates = 0  # skipped by the idempotency store
-        self.skipped = 0  # handler raised Skip
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
-def describe(error: BaseException) -> str:
-    """``Type: message`` of an exception, even one whose ``str()`` fails."""
-    try:
-        text = str(error)
-    except Exception:
-        text = "<unprintable>"
-    # Always "Name: text", even with an empty text: one shape for whoever parses it.
-    return f"{type(error).__name__}: {text}"
-
-
-def _cancelled_from_outside(error: BaseException) -> bool:
-    """A real cancellation of this task (a cancel scope, a hard stop), as opposed to a
-    ``CancelledError`` the handler raised itself (e.g. awaiting a cancelled future)."""
-    if not isinstance(error, asyncio.CancelledError):
-        return False
-    task = asyncio.current_task()
-    return task is None or task.cancelling() > 0
 
 
 class HandlerRuntime:
@@ -156,7 +122,7 @@ class HandlerRuntime:
             and spec.idempotency_key is None
             and not self.plan.wants_context
         )
-        self._invoke = _invoker(spec.fn, self.plan.order)
+        self._invoke = invoker(spec.fn, self.plan.order)
         self._first_steps = FirstSteps()  # the hot path's handler coroutines' first steps
         # The hot path's shortcuts (see _process_simple): the payload bytes as they
         # are, and the handler called directly when it takes just the value.
@@ -264,7 +230,7 @@ class HandlerRuntime:
         histogram.counts[0 if elapsed <= bounds[0] else bisect_left(bounds, elapsed)] += 1
         histogram.sum += elapsed
         if result is not None and inspect.isawaitable(result):
-            _discard(result)
+            discard_awaitable(result)
             try:
                 raise TypeError("the handler returned an awaitable it did not await")
             except TypeError as e:
@@ -281,6 +247,17 @@ class HandlerRuntime:
     async def _process_rare(self, message: Message) -> Outcome:
         """:meth:`_process_simple` for a message with a history: taken over from a
         pending list (its run is counted first), or already known to be dead."""
+        before = await self._before_run(message)
+        if before is not _RUN:
+            return before  # type: ignore[return-value]
+        # Nothing of the above is left to do: the straight line from its start.
+        return await settled(self._process_simple(message))
+
+    async def _before_run(self, message: Message) -> Outcome | object:
+        """What comes before a run: a message revoked (or whose lease ran out) while
+        queued is dropped, one whose final failure is recorded or that is poison is
+        dead-lettered, a taken-over one has its run counted. The outcome when that
+        settled it, else ``_RUN``."""
         reader = message._reader
         assert reader is not None
         if not reader.accepting or not self._lease.valid():
@@ -292,8 +269,7 @@ class HandlerRuntime:
             return await self._dead_letter(message, "poison", message._error)
         if message._claimed and await self._count_run(message):
             return None  # dead-lettered: it kept killing its workers
-        # Nothing of the above is left to do: the straight line from its start.
-        return await _settled(self._process_simple(message))
+        return _RUN
 
     async def _finish_simple(
         self, message: Message, rest: Awaitable[Any], started: float, *, suspended: bool
@@ -312,10 +288,10 @@ class HandlerRuntime:
             finally:
                 self._duration.observe(_perf_counter() - started)
             if result is not None and inspect.isawaitable(result):
-                _discard(result)
+                discard_awaitable(result)
                 raise TypeError("the handler returned an awaitable it did not await")
         except BaseException as e:
-            return await _settled(self._handler_raised(message, e))
+            return await settled(self._handler_raised(message, e))
         self.statistics.handled += 1
         self.acker.ack(message)
         return None
@@ -333,24 +309,16 @@ class HandlerRuntime:
             return None
         if isinstance(error, Retry):
             return self._failed(message, error.reason, error.delay)
-        if _cancelled_from_outside(error):
+        if cancelled_from_outside(error):
             self._dropped(message)  # a hard stop: the entry stays pending
             raise error
         return self._failed(message, describe(error), None, error)
 
     async def process(self, message: Message) -> Outcome:
         """Run ``message`` and settle it; return a due time to run it again, or None."""
-        reader = message._reader
-        assert reader is not None
-        if not reader.accepting or not self._lease.valid():
-            self._dropped(message)  # revoked/lease lost while queued: leave it pending
-            return None
-        if message._dead_letter is not None:  # its final failure is recorded: finish it
-            return await self._settle_dead_letter(message, await self._letters.resume(message))
-        if message._error is not None:
-            return await self._dead_letter(message, "poison", message._error)
-        if message._claimed and await self._count_run(message):
-            return None  # dead-lettered: it kept killing its workers
+        before = await self._before_run(message)
+        if before is not _RUN:
+            return before  # type: ignore[return-value]
         plan = self.plan
         value: Any = None
         if plan.decode is not None:
@@ -397,7 +365,7 @@ class HandlerRuntime:
             await self._release(idem_key)
             return await self._failed(message, signal.reason, signal.delay)
         except BaseException as e:
-            if _cancelled_from_outside(e):
+            if cancelled_from_outside(e):
                 self._dropped(message)  # a hard stop: the entry stays pending
                 raise
             await self._release(idem_key)
@@ -422,15 +390,15 @@ class HandlerRuntime:
         timeout = self.spec.timeout
         try:
             if plan.is_async:
-                with anyio.fail_after(timeout) if timeout is not None else _NO_TIMEOUT:
+                with anyio.fail_after(timeout) if timeout is not None else nullcontext():
                     result = await fn(*args)
                 if result is not None and inspect.isawaitable(result):
-                    _discard(result)
+                    discard_awaitable(result)
                     raise TypeError("the handler returned an awaitable it did not await")
                 return
             # Counted as a run while the thread runs it, even once abandoned.
             call = self._runs.in_thread(message.shard, functools.partial(fn, *args))
-            with anyio.fail_after(timeout) if timeout is not None else _NO_TIMEOUT:
+            with anyio.fail_after(timeout) if timeout is not None else nullcontext():
                 # A thread cannot be cancelled: after a timeout it is abandoned (it may
                 # still finish later) and the attempt counts as failed.
                 result = await anyio.to_thread.run_sync(
@@ -555,7 +523,7 @@ class HandlerRuntime:
             message.id,
             failures,
             policy.max_attempts,
-            _clip(error, 500),
+            clip(error, 500),
             wait,
             " (traceback suppressed)" if exception is not None and not logged else "",
             extra=self._log_fields(message),
@@ -609,7 +577,7 @@ class HandlerRuntime:
                 message.shard,
                 message.id,
                 reason,
-                _clip(recorded.get("error", ""), 200),
+                clip(recorded.get("error", ""), 200),
                 extra=self._log_fields(message),
             )
             if self._middleware is not None:
@@ -619,6 +587,8 @@ class HandlerRuntime:
 
 
 _CLAIMED = object()
+#: :meth:`HandlerRuntime._before_run`: nothing settled the message, run it.
+_RUN = object()
 # Durations for the metrics are real elapsed time, not the worker's (movable) clock.
 _perf_counter = perf_counter
 # The worker's clock is this plus its offset (clock.py), read inline on the hot path.
@@ -628,47 +598,3 @@ _monotonic = monotonic
 _ONE_CLOCK = (
     get_clock_info("perf_counter").implementation == get_clock_info("monotonic").implementation
 )
-
-
-async def _settled(outcome: Processing) -> Outcome:
-    """``outcome``, awaited if it is still to come."""
-    if outcome is None or isinstance(outcome, float):
-        return outcome
-    return await outcome
-
-
-class _NoTimeout:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_TIMEOUT = _NoTimeout()
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
-
-def _discard(awaitable: Any) -> None:
-    """Close an un-awaited coroutine (no "never awaited" warning on top of the error)."""
-    close = getattr(awaitable, "close", None)
-    if close is not None:
-        close()
-
-
-def _invoker(fn: Any, order: tuple[str, ...]) -> Any:
-    """``(value, message) -> awaitable`` calling ``fn`` with its parameters in order."""
-    if order == ("value",):
-        return lambda value, message: fn(value)
-    if order == ("value", "message"):
-        return lambda value, message: fn(value, message)
-    if order == ("message",):
-        return lambda value, message: fn(message)
-    if order == ("message", "value"):
-        return lambda value, message: fn(message, value)
-    if order == ():
-        return lambda value, message: fn()
-    return lambda value, message: fn(*[value if kind == "value" else message for kind in order])

@@ -13,6 +13,7 @@ the innermost frames, where the error was raised, are the ones kept).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import traceback
@@ -22,7 +23,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from streamworks.runtime.message import Message
 
-__all__ = ("MAX_TRACEBACK", "TracebackLog", "traceback_text")
+__all__ = (
+    "MAX_TRACEBACK",
+    "TracebackLog",
+    "cancelled_from_outside",
+    "clip",
+    "describe",
+    "traceback_text",
+)
 
 log = logging.getLogger("streamworks.handler")
 
@@ -102,3 +110,27 @@ class TracebackLog:
             },
         )
         return True
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message`` of an exception, even one whose ``str()`` fails."""
+    try:
+        text = str(error)
+    except Exception:
+        text = "<unprintable>"
+    # Always "Name: text", even with an empty text: one shape for whoever parses it.
+    return f"{type(error).__name__}: {text}"
+
+
+def cancelled_from_outside(error: BaseException) -> bool:
+    """A real cancellation of this task (a cancel scope, a hard stop), as opposed to a
+    ``CancelledError`` the handler raised itself (e.g. awaiting a cancelled future)."""
+    if not isinstance(error, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was."""
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"

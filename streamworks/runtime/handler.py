@@ -196,3 +196,25 @@ def bind_arguments(
 
 # Re-exported for type checkers of callers that hold a handler result.
 HandlerResult = Awaitable[None] | None
+
+
+def discard_awaitable(awaitable: Any) -> None:
+    """Close an un-awaited coroutine (no "never awaited" warning on top of the error)."""
+    close = getattr(awaitable, "close", None)
+    if close is not None:
+        close()
+
+
+def invoker(fn: Any, order: tuple[str, ...]) -> Any:
+    """``(value, message) -> awaitable`` calling ``fn`` with its parameters in order."""
+    if order == ("value",):
+        return lambda value, message: fn(value)
+    if order == ("value", "message"):
+        return lambda value, message: fn(value, message)
+    if order == ("message",):
+        return lambda value, message: fn(message)
+    if order == ("message", "value"):
+        return lambda value, message: fn(message, value)
+    if order == ():
+        return lambda value, message: fn()
+    return lambda value, message: fn(*[value if kind == "value" else message for kind in order])

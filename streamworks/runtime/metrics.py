@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from streamworks.runtime.producer import Producer
     from streamworks.runtime.worker import Worker
 
-__all__ = ("FastHistogram", "PublishMetrics", "WorkerMetrics")
+__all__ = ("FastHistogram", "HandlerStatistics", "PublishMetrics", "WorkerMetrics")
 
 log = logging.getLogger("streamworks.metrics")
 
@@ -63,6 +63,34 @@ BATCH_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2
 MAX_POSITION_SHARDS = 1024
 #: A scrape waits at most this long for positions (then serves the last ones known).
 POSITION_TIMEOUT = 2.0
+
+
+class HandlerStatistics:
+    """Counters of one handler in one worker."""
+
+    __slots__ = (
+        "crashed",
+        "dead_lettered",
+        "duplicates",
+        "failed",
+        "handled",
+        "poison",
+        "retried",
+        "skipped",
+    )
+
+    def __init__(self) -> None:
+        self.handled = 0  # handler returned (or Skip): acked
+        self.failed = 0  # attempts that raised (including Retry and timeouts)
+        self.retried = 0  # re-runs scheduled
+        self.dead_lettered = 0
+        self.poison = 0  # dead-lettered because undecodable
+        self.crashed = 0  # dead-lettered because every run died with its worker
+        self.duplicates = 0  # skipped by the idempotency store
+        self.skipped = 0  # handler raised Skip
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class FastHistogram:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.asyncio import RedisCluster
+
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 
@@ -114,3 +116,13 @@ async def read_group(redis: Any, key: str, group: str, consumer: str, count: int
 def keys_for(keyspace: Keyspace, sid: ShardId, group: str) -> tuple[str, str, str]:
     """(stream, fence, retries) of ``group`` on the shard."""
     return keyspace.stream(sid), keyspace.fence(sid, group), keyspace.retries(sid, group)
+
+
+async def xread_blocked(redis: Any, stream: str) -> bool:
+    """Whether a client is blocked in ``XREAD`` now (on a cluster: on ``stream``'s node)."""
+    if isinstance(redis, RedisCluster):
+        node = redis.get_node_from_key(stream)
+        clients = await redis.execute_command("CLIENT", "LIST", "TYPE", "normal", target_nodes=node)
+    else:
+        clients = await redis.execute_command("CLIENT", "LIST", "TYPE", "normal")
+    return any("cmd=xread " in line and " flags=b" in line for line in text(clients).splitlines())

@@ -12,14 +12,23 @@ from typing import Any
 
 import anyio
 import pytest
-from redis.asyncio import RedisCluster
 from redis.exceptions import ResponseError
 
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import ReadStatus, Scripts
 from tests.support import wait_for
 
-from .streams import add_entries, consumers, groups, pending_ids, set_key, shard, text, true_lag
+from .streams import (
+    add_entries,
+    consumers,
+    groups,
+    pending_ids,
+    set_key,
+    shard,
+    text,
+    true_lag,
+    xread_blocked,
+)
 
 GROUP = "billing"
 MEMBER = "m-1"
@@ -160,20 +169,9 @@ async def test_the_read_queued_behind_a_blocking_wait_is_gated_when_the_wait_ret
         wait = ["XREAD", "BLOCK", 5000, "COUNT", 1, "STREAMS", stream, first]
         replies.append(await scripts.fenced_read(keys, GROUP, MEMBER, TOKEN, 10, after=wait))
 
-    async def blocked() -> bool:
-        if isinstance(redis, RedisCluster):  # the node of the shard's slot
-            node = redis.get_node_from_key(stream)
-            clients = await redis.execute_command(
-                "CLIENT", "LIST", "TYPE", "normal", target_nodes=node
-            )
-        else:
-            clients = await redis.execute_command("CLIENT", "LIST", "TYPE", "normal")
-        lines = text(clients).splitlines()
-        return any("cmd=xread " in line and " flags=b" in line for line in lines)
-
     async with anyio.create_task_group() as tg:
         tg.start_soon(wait_and_read)
-        await wait_for(blocked, message="the XREAD to block")
+        await wait_for(lambda: xread_blocked(redis, stream), message="the XREAD to block")
         await redis.set(keys[1], "9:m-3")  # the grant moves on while the member waits
         await add_entries(redis, stream, 1, start=2)
     assert replies == [(ReadStatus.FENCED, b"9:m-3")]

@@ -9,13 +9,22 @@ from typing import Any
 
 import anyio
 import pytest
-from redis.asyncio import RedisCluster
 
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from tests.support import wait_for
 
-from .streams import add_entries, consumers, groups, keys_for, pending_ids, set_key, shard, text
+from .streams import (
+    add_entries,
+    consumers,
+    groups,
+    keys_for,
+    pending_ids,
+    set_key,
+    shard,
+    text,
+    xread_blocked,
+)
 
 GROUP = "billing"
 MEMBER = "m-1"
@@ -224,18 +233,9 @@ async def test_the_read_queued_behind_a_blocking_wait_runs_when_the_wait_returns
 
         tg.start_soon(waiter)
 
-        async def blocked() -> bool:
-            if isinstance(redis, RedisCluster):  # the node of the shard's slot
-                node = redis.get_node_from_key(stream)
-                clients = await redis.execute_command(
-                    "CLIENT", "LIST", "TYPE", "normal", target_nodes=node
-                )
-            else:
-                clients = await redis.execute_command("CLIENT", "LIST", "TYPE", "normal")
-            text_ = clients.decode() if isinstance(clients, bytes) else str(clients)
-            return any("cmd=xread " in line and " flags=b" in line for line in text_.splitlines())
-
-        await wait_for(blocked, message="the XREAD to block")  # (the read is queued)
+        await wait_for(
+            lambda: xread_blocked(redis, stream), message="the XREAD to block"
+        )  # (the read is queued)
         assert replies == []
         [second] = await add_entries(redis, stream, 1, start=2)
     [[status, entries]] = replies

@@ -57,10 +57,13 @@ async def test_sigkill_of_the_only_coordinator_while_publishing(
         await wait_stable(client, 1)
     app = producer_app(cluster)
     published: list[tuple[str, float]] = []  # (event id, when the publish returned)
+    began: list[float] = []  # when each successful publish was called
 
     async def publish(event_id: str) -> None:
+        called = time.monotonic()
         await app.publish(STREAM, event(event_id).value, key=event(event_id).key)
         published.append((event_id, time.monotonic()))
+        began.append(called)
 
     async with app.connect() as connection:
         routing = connection.routing
@@ -93,7 +96,9 @@ async def test_sigkill_of_the_only_coordinator_while_publishing(
             await anyio.sleep(0.02)  # pacing the producer, not synchronising
             assert time.monotonic() < expires + 5, "the producer never failed closed"
         assert failed_at >= expires  # fails closed after its routing lease, not before
-        assert all(at < expires for _, at in published)
+        # The routing is checked when a publish is called; its write may return a
+        # moment after the lease (a loaded machine), but none was called after it.
+        assert all(at < expires for at in began)
         late = [i for i, at in published if at > killed + LEASE_TTL]
         assert late  # published on cached routing after the worker's lease ended
 

@@ -191,14 +191,16 @@ async def raw_consumer(
             reply = await redis.xreadgroup(group, "raw", streams, count=100, block=1000)
             if not reply:
                 continue
-            pipe = redis.pipeline(transaction=False)
-            for key, entries in reply:
-                ids = []
-                for entry_id, fields in entries:
-                    rec.record(orjson.loads(fields[b"v"])["ts"])
-                    ids.append(entry_id)
-                pipe.xack(key, group, *ids)
-            await pipe.execute()
+            # A context manager: the loop is cancelled at the end, maybe mid-execute,
+            # and the pipeline must give its connection back then.
+            async with redis.pipeline(transaction=False) as pipe:
+                for key, entries in reply:
+                    ids = []
+                    for entry_id, fields in entries:
+                        rec.record(orjson.loads(fields[b"v"])["ts"])
+                        ids.append(entry_id)
+                    pipe.xack(key, group, *ids)
+                await pipe.execute()
 
     task = asyncio.create_task(loop())
     ready.set()

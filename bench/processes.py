@@ -58,11 +58,12 @@ def _cpu(pids: list[int]) -> float:
 
 
 async def _acked(redis: Any, keys: list[str]) -> int:
-    pipe = redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.execute_command("XINFO", "GROUPS", key)
+    async with redis.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.execute_command("XINFO", "GROUPS", key)
+        replies = await pipe.execute()
     done = 0
-    for groups in await pipe.execute():
+    for groups in replies:
         for g in groups:  # redis-py parses each group into a dict
             info = {(k.decode() if isinstance(k, bytes) else k): v for k, v in g.items()}
             if info["name"] in (GROUP, GROUP.encode()):

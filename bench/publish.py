@@ -59,14 +59,14 @@ async def raw_child(url: str, keys: list[str], total: int, batch: int) -> dict[s
             )  # fmt: skip
     else:
         for base in range(0, total, batch):
-            pipe = redis.pipeline(transaction=False)
-            for i in range(base, min(total, base + batch)):
-                pipe.execute_command(
-                    "XADD", keys[i % SHARDS], "NOMKSTREAM", "*",
-                    "v", dumps(PAYLOAD), "t", str(int(time.time() * 1000)), "f", "1",
-                    "k", f"c{i % KEYS}",
-                )  # fmt: skip
-            await pipe.execute()
+            async with redis.pipeline(transaction=False) as pipe:
+                for i in range(base, min(total, base + batch)):
+                    pipe.execute_command(
+                        "XADD", keys[i % SHARDS], "NOMKSTREAM", "*",
+                        "v", dumps(PAYLOAD), "t", str(int(time.time() * 1000)), "f", "1",
+                        "k", f"c{i % KEYS}",
+                    )  # fmt: skip
+                await pipe.execute()
     elapsed = time.perf_counter() - start
     await redis.aclose()
     return {"rate": total / elapsed, "elapsed": elapsed}

@@ -55,15 +55,14 @@ def payload_bytes() -> bytes:
 
 async def prepublish(redis: Any, keys: list[str], n: int) -> None:
     data = payload_bytes()
-    pipe = redis.pipeline(transaction=False)
-    for i in range(n):
-        pipe.execute_command(
-            "XADD", keys[i % SHARDS], "*", "v", data, "t", "0", "f", "1", "k", f"c{i % 5000}"
-        )
-        if i % 1000 == 999:
+    for base in range(0, n, 1000):
+        async with redis.pipeline(transaction=False) as pipe:
+            for i in range(base, min(n, base + 1000)):
+                pipe.execute_command(
+                    "XADD", keys[i % SHARDS], "*", "v", data, "t", "0", "f", "1",
+                    "k", f"c{i % 5000}",
+                )  # fmt: skip
             await pipe.execute()
-            pipe = redis.pipeline(transaction=False)
-    await pipe.execute()
 
 
 async def raw_consume(redis: Any, keys: list[str], group: str, total: int) -> float:
@@ -119,10 +118,10 @@ async def raw_publish(redis: Any, keys: list[str], n: int) -> float:
     data = payload_bytes()
     start = time.perf_counter()
     for base in range(0, n, 100):
-        pipe = redis.pipeline(transaction=False)
-        for i in range(base, min(n, base + 100)):
-            pipe.execute_command("XADD", keys[i % SHARDS], "NOMKSTREAM", "*", "v", data)
-        await pipe.execute()
+        async with redis.pipeline(transaction=False) as pipe:
+            for i in range(base, min(n, base + 100)):
+                pipe.execute_command("XADD", keys[i % SHARDS], "NOMKSTREAM", "*", "v", data)
+            await pipe.execute()
     return n / (time.perf_counter() - start)
 
 

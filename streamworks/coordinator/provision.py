@@ -101,7 +101,8 @@ async def create_group(
 
 async def destroy_group(scripts: Scripts, keyspace: Keyspace, shard: ShardId, group: str) -> bool:
     """Unsubscribe ``group`` from one shard in one script: destroy its consumer group,
-    take it off the shard's group set, delete its owner fence and retry records.
+    take it off the shard's group set, delete its owner fence, retry records and
+    redelivery stream (replayed dead letters it will not read now).
     Returns whether a consumer group was destroyed."""
     reply = await scripts.group_destroy(
         keys=[
@@ -109,6 +110,8 @@ async def destroy_group(scripts: Scripts, keyspace: Keyspace, shard: ShardId, gr
             keyspace.shard_groups(shard),
             keyspace.fence(shard, group),
             keyspace.retries(shard, group),
+            keyspace.redelivery(shard, group),
+            keyspace.redelivery_retries(shard, group),
         ],
         args=[group],
     )
@@ -150,9 +153,14 @@ async def drain_check(
             stays, e.g. ACTIVE); ``check`` writes nothing.
     """
     keys: list[Any] = [keyspace.stream(shard), keyspace.shard_groups(shard)]
+    keys += [keyspace.redelivery(shard, group) for group in groups]
     for group in groups:
-        keys += [keyspace.fence(shard, group), keyspace.retries(shard, group)]
-    reply = await scripts.retire(keys=keys, args=[mode, *groups])
+        keys += [
+            keyspace.fence(shard, group),
+            keyspace.retries(shard, group),
+            keyspace.redelivery_retries(shard, group),
+        ]
+    reply = await scripts.retire(keys=keys, args=[mode, len(groups), *groups])
     code = int(reply[0])
     if code == 1:
         return DrainCheck(DrainStatus.DRAINED)

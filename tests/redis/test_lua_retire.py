@@ -29,6 +29,7 @@ class Shard:
         self.extra = [keyspace.fence(self.sid, g) for g in GROUPS] + [
             keyspace.retries(self.sid, g) for g in GROUPS
         ]
+        self.redeliveries = [keyspace.redelivery(self.sid, g) for g in GROUPS]
         self.dedup = keyspace.dedup(self.sid, "ev-1")
         self.other_shard = keyspace.stream(shard(index=1))
 
@@ -59,7 +60,8 @@ class Shard:
 
     async def retire(self, mode: str, required: tuple[str, ...] = GROUPS) -> list[Any]:
         return await self.scripts.retire(
-            keys=[self.stream, self.groups, *self.extra], args=[mode, *required]
+            keys=[self.stream, self.groups, *self.redeliveries, *self.extra],
+            args=[mode, len(self.redeliveries), *required],
         )
 
     async def existing(self) -> set[str]:
@@ -107,6 +109,34 @@ async def test_retire_deletes_the_stream_and_its_keys_but_not_the_dedup_record(
     # A stale producer cannot resurrect it.
     assert await redis.xadd(sh.stream, {"n": "9"}, nomkstream=True) is None
     assert await redis.exists(sh.stream) == 0
+
+
+async def test_a_replayed_dead_letter_not_handled_yet_keeps_the_shard(
+    sh: Shard, redis: Any
+) -> None:
+    """A dead letter replayed to one group (``dlq replay``) waits in that group's
+    redelivery stream of the shard: the shard is not drained while it is there, and
+    once its owner handled it (XACK + XDEL) the shard retires with the stream."""
+    await sh.setup(2)
+    for g in GROUPS:
+        await sh.consume(g, 2)
+    replayed = sh.redeliveries[1]
+    await redis.xgroup_create(replayed, GROUPS[1], id="0", mkstream=True)
+    entry = await redis.xadd(replayed, {"v": "1"})
+    for mode in ("check", "retire"):
+        reply = await sh.retire(mode)
+        assert reply[0] == 0, reply
+        assert "1 replayed dead letter(s) not handled yet" in text(reply[1])
+        assert replayed in text(reply[1])
+        assert await redis.exists(sh.stream, replayed) == 2
+
+    await read_group(redis, replayed, GROUPS[1], "c", 1)
+    assert (await sh.retire("retire"))[0] == 0  # read, not handled: still there
+    await redis.xack(replayed, GROUPS[1], entry)
+    await redis.xdel(replayed, entry)
+
+    assert await sh.retire("retire") == [1]
+    assert await redis.exists(sh.stream, replayed) == 0
 
 
 async def test_already_gone(sh: Shard) -> None:
@@ -213,11 +243,12 @@ async def test_entries_that_no_group_ever_read_are_not_drained(
     key = keyspace.stream(shard("orders", 3))
     await redis.execute_command("XGROUP", "CREATE", key, "tmp", "0", "MKSTREAM")
     await redis.execute_command("XGROUP", "DESTROY", key, "tmp")
-    assert await scripts.retire(keys=[key, set_key(key)], args=["retire"]) == [1]  # empty: retired
+    # Empty: retired.
+    assert await scripts.retire(keys=[key, set_key(key)], args=["retire", 0]) == [1]
     await redis.execute_command("XGROUP", "CREATE", key, "tmp", "0", "MKSTREAM")
     await redis.execute_command("XGROUP", "DESTROY", key, "tmp")
     await redis.xadd(key, {"v": "1"})
-    status, reason = await scripts.retire(keys=[key, set_key(key)], args=["retire"])
+    status, reason = await scripts.retire(keys=[key, set_key(key)], args=["retire", 0])
     assert status == 0 and b"no consumer group" in reason
     assert await redis.exists(key)
 

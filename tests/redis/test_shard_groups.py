@@ -181,6 +181,10 @@ async def test_destroy_group_removes_the_group_its_keys_and_its_set_entry(
     await redis.set(keyspace.fence(sid, LATE), "3:m1")
     await redis.hset(keyspace.retries(sid, LATE), "1-0", "1:0")
     await redis.set(keyspace.fence(sid, EARLY), "3:m2")
+    # A dead letter replayed to LATE and not handled yet, with its retry record.
+    await redis.xadd(keyspace.redelivery(sid, LATE), {"v": "1"})
+    await redis.hset(keyspace.redelivery_retries(sid, LATE), "1-0", "1:0")
+    await redis.xadd(keyspace.redelivery(sid, EARLY), {"v": "1"})
     await add_entries(redis, stream, 3)
     await read_all(redis, stream, EARLY)
     assert await trim(scripts, stream) == 0  # LATE has read nothing
@@ -189,7 +193,14 @@ async def test_destroy_group_removes_the_group_its_keys_and_its_set_entry(
 
     assert set(await groups(redis, stream)) == {EARLY}
     assert await members(redis, keyspace.shard_groups(sid)) == {EARLY}
-    assert await redis.exists(keyspace.fence(sid, LATE), keyspace.retries(sid, LATE)) == 0
+    late_keys = [
+        keyspace.fence(sid, LATE),
+        keyspace.retries(sid, LATE),
+        keyspace.redelivery(sid, LATE),
+        keyspace.redelivery_retries(sid, LATE),
+    ]
+    assert await redis.exists(*late_keys) == 0
+    assert await redis.xlen(keyspace.redelivery(sid, EARLY)) == 1  # another group's
     assert await redis.get(keyspace.fence(sid, EARLY)) == b"3:m2"
     assert await trim(scripts, stream) == 3
     # Again: nothing left to destroy, still consistent.

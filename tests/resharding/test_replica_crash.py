@@ -182,7 +182,7 @@ async def test_a_replica_killed_in_every_migration_phase(cluster: Cluster, redis
     await redis.set(mutex, "dying-replica", px=int(MUTEX_TTL * 1000))
 
     async def retired_by_script() -> bool:  # drained (the last acks may still be on their way)
-        return bool((await scripts.retire(keys=keys, args=["retire", GROUP]))[0] == 1)
+        return bool((await scripts.retire(keys=keys, args=["retire", 0, GROUP]))[0] == 1)
 
     await wait_until(retired_by_script, 10, "retire.lua to find 1@0 drained")
     assert await redis.exists(*keys) == 0

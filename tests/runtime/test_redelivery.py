@@ -155,3 +155,56 @@ def _shard_of(rt: TestRuntime, key: str) -> int:
     from streamworks.runtime.routing import jump_hash, key_hash
 
     return jump_hash(key_hash(key), 2)
+
+
+async def test_a_replayed_dead_letter_on_a_draining_shard_keeps_it_until_handled(
+    settings: Settings, redis: Any, streamworks_redis_url: str
+) -> None:
+    """A replay lands on a shard that a scale-in then removes while no member of the
+    group runs: the shard is drained of its own entries, but the replayed dead letter
+    waits in its redelivery stream, so the shard is not retired (that would delete it
+    unhandled) until a member comes back, owns the draining shard and handles it."""
+    broken = {5}
+    app_a, _, seen_a, _ = two_groups(broken)
+    keyspace = Keyspace(settings.key_prefix)
+    removed = ShardId("orders", 1, 0)
+    async with TestRuntime(
+        app_a, workers=1, redis_url=streamworks_redis_url, key_prefix=settings.key_prefix
+    ) as rt:
+        key = next(k for k in (f"key{i}" for i in range(100)) if _shard_of(rt, k) == 1)
+        await app_a.publish("orders", {"n": 5}, key=key)
+        dlq_key = keyspace.dead_letters("ga", "orders")
+        await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the dead letter")
+        [(_, fields)] = await redis.xrange(dlq_key)
+        await rt.stop_worker(0)  # nobody of group ga runs from here on
+        broken.clear()
+        assert rt.connection is not None
+        connection = rt.connection
+        result = await redeliver(
+            redis, connection.scripts, keyspace, connection.routing, "ga", "orders", fields
+        )
+        assert result.shard == str(removed)
+
+        await rt.scale("orders", 1, wait=False)
+        assert rt.service is not None
+        service = rt.service
+
+        async def blocked_by_the_replay() -> bool:
+            await rt.advance(1.0)  # towards the routing fence (a routing lease later)
+            info = await service.stream_info("orders")
+            blocked = str((info.migration or {}).get("blocked", ""))
+            return "replayed dead letter" in blocked
+
+        await wait_for(blocked_by_the_replay, 20, "the replay to block the shard's retirement")
+        assert await redis.exists(keyspace.stream(removed))
+        assert seen_a == []
+
+        await rt.add_worker(wait=False)
+        await wait_for(lambda: (5, str(removed), 1) in seen_a, 20, "ga to handle the replay")
+
+        async def retired() -> bool:
+            info = await service.stream_info("orders")
+            return not any(s.state == "DRAINING" for s in info.shards)
+
+        await wait_for(retired, 20, "the drained shard to retire")
+        assert not await redis.exists(keyspace.stream(removed), keyspace.redelivery(removed, "ga"))

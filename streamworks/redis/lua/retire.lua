@@ -26,11 +26,17 @@
 -- XADD NOMKSTREAM fails from then on (E16). Publish dedup records are left to expire:
 -- they must outlive the shard (E18).
 --
+-- Replayed dead letters (``dlq replay``) wait in each group's redelivery stream of the
+-- shard, read by the shard's owner and deleted once handled: one that still holds an
+-- entry keeps the shard (retiring it would delete a message nobody handled).
+--
 -- KEYS[1]   shard stream
 -- KEYS[2]   the shard's group set (deleted with it)
--- KEYS[3..] more keys to delete with it (fences, retry records)
+-- KEYS[3..2+n] the groups' redelivery streams (must be empty; deleted with it)
+-- KEYS[3+n..] more keys to delete with it (fences, retry records)
 -- ARGV[1]   'check' | 'retire' | 'repair'
--- ARGV[2..] groups the registry says must exist on the shard
+-- ARGV[2]   n, the number of redelivery streams in KEYS
+-- ARGV[3..] groups the registry says must exist on the shard
 --
 -- Returns  {2}              the shard key is already gone
 --          {1}              drained (and retired when asked; never for 'repair')
@@ -52,7 +58,8 @@ local info = redis.call('XINFO', 'STREAM', KEYS[1])
 local stream = {}
 for j = 1, #info, 2 do stream[info[j]] = info[j + 1] end
 local required, order = {}, {}
-for i = 2, #ARGV do
+local redeliveries = tonumber(ARGV[2])
+for i = 3, #ARGV do
   if not required[ARGV[i]] then required[ARGV[i]] = true; order[#order + 1] = ARGV[i] end
 end
 for _, name in ipairs(redis.call('SMEMBERS', KEYS[2])) do
@@ -77,6 +84,12 @@ for _, name in ipairs(order) do
   if not seen[name] then
     missing = true
     reasons[#reasons + 1] = 'group ' .. name .. ' missing on shard'
+  end
+end
+for i = 3, 2 + redeliveries do
+  local waiting = redis.call('XLEN', KEYS[i])
+  if waiting > 0 then
+    reasons[#reasons + 1] = KEYS[i] .. ' holds ' .. waiting .. ' replayed dead letter(s) not handled yet'
   end
 end
 local repaired = {}

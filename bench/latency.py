@@ -311,6 +311,28 @@ async def _one(suite: Suite, who: str, group: str, rate: float, total: int) -> d
             group=group, total=total, warmup=warmup, ready=ready,
         )  # fmt: skip
         pub_target, pub_kwargs = "latency:fs_publisher", {"keys": keys}
+    return await drive(
+        suite, consumer, ready, keys, group, pub_target, rate=rate, total=total,
+        result_timeout=60, **pub_kwargs,
+    )  # fmt: skip
+
+
+async def drive(
+    suite: Suite,
+    consumer: common.Child,
+    ready: Any,
+    keys: list[str],
+    group: str,
+    pub_target: str,
+    *,
+    rate: float,
+    total: int,
+    result_timeout: float,
+    **pub_kwargs: Any,
+) -> dict[str, Any]:
+    """Wait for the consumer child to be ready, run the publisher child at ``rate``,
+    collect the consumer's result (with the publisher's rate and lateness); then stop
+    the consumer and leave the streams empty, its group destroyed (latency_load too)."""
     try:
         deadline = time.monotonic() + 60
         while not ready.is_set():
@@ -326,9 +348,10 @@ async def _one(suite: Suite, who: str, group: str, rate: float, total: int) -> d
             total=total,
             **pub_kwargs,
         )
-        res = consumer.result(timeout=60)
+        res = consumer.result(timeout=result_timeout)
         res["publish_rate"] = pub["rate"]
-        res["publish_late"] = pub["late"]
+        if "late" in pub:
+            res["publish_late"] = pub["late"]
         return res
     finally:
         consumer.stop()

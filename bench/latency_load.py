@@ -140,24 +140,10 @@ async def _one(suite: Suite, who: str, group: str, rate: float, total: int) -> d
             "latency:sw_consumer", use_uvloop=suite.use_uvloop, url=suite.url, group=group,
             total=total, warmup=warmup, ready=ready,
         )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.is_set():
-            if not consumer.process.is_alive() or time.monotonic() > deadline:
-                return consumer.result(1)  # raises with the child's error
-            await asyncio.sleep(0.05)
-        pub = common.run_child(
-            "latency_load:burst_publisher", timeout=total / rate + 60,
-            use_uvloop=suite.use_uvloop, url=suite.url, keys=keys, rate=rate, total=total,
-        )  # fmt: skip
-        res = consumer.result(timeout=120)
-        res["publish_rate"] = pub["rate"]
-        return res
-    finally:
-        consumer.stop()
-        await common.destroy_groups(suite.redis, keys, group)
-        for key in keys:
-            await suite.redis.execute_command("XTRIM", key, "MAXLEN", 0)
+    return await latency.drive(
+        suite, consumer, ready, keys, group, "latency_load:burst_publisher", rate=rate,
+        total=total, result_timeout=120, keys=keys,
+    )  # fmt: skip
 
 
 async def measure_max_rate(suite: Suite, messages: int) -> float:

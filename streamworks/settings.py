@@ -96,6 +96,12 @@ class CoordinatorSettings(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(7400, ge=0, le=65535)
+    # Above the clients' own idle expiry (protocol/client.py, CLIENT_KEEPALIVE = 60 s),
+    # so a client always drops an idle connection before the server closes it: a
+    # request never meets a connection the server is closing (a failed heartbeat).
+    http_keep_alive: float = Field(
+        75.0, gt=60, description="how long an idle HTTP connection is kept open (s)"
+    )
     mutex_ttl: float = Field(5.0, gt=0, description="group/stream mutex expiry (s)")
     mutex_wait: float = Field(2.0, gt=0, description="longest wait for a mutex (s)")
     cas_retries: int = Field(5, ge=1, description="reload+retry rounds before CONFLICT")

@@ -9,7 +9,6 @@ from typing import Any
 
 import anyio
 import click
-import uvicorn
 
 from streamworks.cli.common import (
     configure_logging,
@@ -20,7 +19,7 @@ from streamworks.cli.common import (
     run_async,
     safe_url,
 )
-from streamworks.coordinator.http import QuietServer, create_api
+from streamworks.coordinator.http import QuietServer, create_api, server_config
 from streamworks.coordinator.service import CoordinatorService
 from streamworks.redis.client import create_redis
 from streamworks.runtime.process import freeze_startup_heap
@@ -82,14 +81,7 @@ async def _run(settings: Settings) -> None:
         log.info(
             "namespace %s (key %s)", await service.ensure_namespace(), service.keyspace.namespace()
         )
-        config = uvicorn.Config(
-            create_api(service),
-            host=host,
-            port=port,
-            log_level="warning",
-            lifespan="off",
-            access_log=False,
-        )
+        config = server_config(create_api(service), settings, host=host, port=port)
         server = QuietServer(config)
         async with anyio.create_task_group() as tg:
             tg.start_soon(service.run_loop)

@@ -12,7 +12,6 @@ from typing import Any
 
 import anyio
 import click
-import uvicorn
 
 from streamworks.app import App
 from streamworks.cli.common import (
@@ -27,7 +26,7 @@ from streamworks.cli.common import (
 from streamworks.cli.coordinator import bind_listener
 from streamworks.cli.output import make_console
 from streamworks.cli.render import status_view
-from streamworks.coordinator.http import QuietServer, create_api
+from streamworks.coordinator.http import QuietServer, create_api, server_config
 from streamworks.settings import Settings
 from streamworks.testing.embedded import EmbeddedRedis
 from streamworks.testing.runtime import TestRuntime
@@ -210,9 +209,7 @@ async def _run(app: App, workers: int, port: int, settings: Settings) -> None:
         key_prefix=settings.key_prefix,
     ) as rt:
         assert rt.service is not None
-        config = uvicorn.Config(
-            create_api(rt.service), log_level="warning", lifespan="off", access_log=False
-        )
+        config = server_config(create_api(rt.service), settings)
         server = QuietServer(config)
         async with anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(server.serve, sockets=[sock]))

@@ -53,8 +53,9 @@ from streamworks.protocol.shards import NAME_PATTERN
 
 if TYPE_CHECKING:
     from streamworks.coordinator.service import CoordinatorService
+    from streamworks.settings import Settings
 
-__all__ = ("QuietServer", "create_api")
+__all__ = ("QuietServer", "create_api", "server_config")
 
 log = logging.getLogger("streamworks.coordinator")
 
@@ -74,6 +75,20 @@ class QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def server_config(app: FastAPI, settings: Settings, **options: Any) -> uvicorn.Config:
+    """The uvicorn configuration of a coordinator replica serving ``app``: quiet, no
+    lifespan, idle connections kept ``coordinator.http_keep_alive`` seconds (uvicorn's
+    5 s would reconnect every heartbeat of members at longer intervals)."""
+    return uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        timeout_keep_alive=int(settings.coordinator.http_keep_alive),
+        **options,
+    )
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {

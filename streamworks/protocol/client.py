@@ -45,6 +45,10 @@ ResponseT = TypeVar("ResponseT")
 
 #: Refusals worth trying on another replica at once.
 _TRY_ELSEWHERE = {"COORDINATOR_TERMINATING"}
+#: Seconds an idle connection to a coordinator is kept for the next request: longer
+#: than any sane heartbeat interval, and below the server's keep-alive
+#: (``coordinator.http_keep_alive`` > 60 s), so the client always lets go first.
+CLIENT_KEEPALIVE = 60.0
 
 
 class CoordinatorClient:
@@ -72,7 +76,8 @@ class CoordinatorClient:
         self._admin_token = admin_token or token
         self._current = 0
         self._http = httpx.AsyncClient(
-            timeout=timeout, limits=httpx.Limits(max_keepalive_connections=8)
+            timeout=timeout,
+            limits=httpx.Limits(max_keepalive_connections=8, keepalive_expiry=CLIENT_KEEPALIVE),
         )
 
     async def aclose(self) -> None:

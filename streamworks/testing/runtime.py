@@ -359,21 +359,14 @@ class TestRuntime(RuntimeObservations):
             self._server = None
 
     async def _serve_http(self, *, task_status: TaskStatus[None]) -> None:
-        import uvicorn
 
-        from streamworks.coordinator.http import QuietServer, create_api
+        from streamworks.coordinator.http import QuietServer, create_api, server_config
 
         assert self.service is not None
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        config = uvicorn.Config(
-            create_api(self.service),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            lifespan="off",
-        )
+        config = server_config(create_api(self.service), self.settings, host="127.0.0.1", port=port)
         server = QuietServer(config)
         self.http_url = f"http://127.0.0.1:{port}"
         self._http_server = server

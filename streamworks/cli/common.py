@@ -85,16 +85,21 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 def check_redis_url(url: str) -> None:
-    """Exit with one line (code 2) when ``url`` is not a Redis URL."""
+    """Exit with one line (code 2) when ``url`` is not a Redis URL (or, for a Redis
+    Cluster, a comma-separated list of its seed nodes' URLs)."""
     from urllib.parse import urlsplit
 
-    scheme = urlsplit(url).scheme
-    if scheme not in REDIS_SCHEMES:
-        fail(
-            f"invalid Redis URL {safe_url(url)!r}: it must start with redis://, rediss:// "
-            "or unix:// (--redis or STREAMWORKS_REDIS_URL)",
-            2,
-        )
+    seeds = [u.strip() for u in url.split(",") if u.strip()] or [url]
+    for seed in seeds:
+        if urlsplit(seed).scheme not in REDIS_SCHEMES:
+            fail(
+                f"invalid Redis URL {safe_url(seed)!r}: it must start with redis://, "
+                "rediss:// or unix:// (--redis or STREAMWORKS_REDIS_URL; several URLs, "
+                "comma-separated, for a cluster's seed nodes)",
+                2,
+            )
+    if len(seeds) > 1 and any(s.startswith("unix:") for s in seeds):
+        fail("a Redis Cluster's seed nodes are TCP URLs (redis:// or rediss://), not unix://", 2)
 
 
 def _first_error(e: ValidationError) -> str:
@@ -197,10 +202,6 @@ def logging_options(default_level: str) -> Callable[[F], F]:
 
 def safe_url(url: str) -> str:
     """``url`` with any password masked (URLs are printed; secrets never are)."""
-    from urllib.parse import urlsplit, urlunsplit
+    from streamworks.redis.client import masked_url
 
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return masked_url(url)

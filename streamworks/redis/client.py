@@ -16,16 +16,25 @@ import asyncio
 import logging
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis as sync_redis
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
-from redis.asyncio.cluster import ClusterPipeline
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from streamworks.settings import Settings
 
-__all__ = ("RedisClient", "WaitingRedisCluster", "create_redis", "detect_cluster", "is_cluster")
+__all__ = (
+    "RedisClient",
+    "WaitingRedisCluster",
+    "create_redis",
+    "detect_cluster",
+    "is_cluster",
+    "masked_url",
+    "seed_urls",
+)
 
 log = logging.getLogger("streamworks.redis")
 
@@ -110,8 +119,20 @@ def is_cluster(redis: Any) -> bool:
     return isinstance(redis, RedisCluster)
 
 
+def seed_urls(url: str) -> list[str]:
+    """The URLs in ``redis_url``: one, or several separated by commas — the seed nodes
+    of a Redis Cluster, so that a client starts while one of them is down (only the
+    host and port of the later ones are used; user, password, TLS and timeouts come
+    from the first)."""
+    urls = [u.strip() for u in url.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("no Redis URL given")
+    return urls
+
+
 def detect_cluster(url: str, *, timeout: float = 5.0) -> bool:
     """Whether the server at ``url`` runs in cluster mode (``CLUSTER INFO`` answers).
+    With several seed URLs (:func:`seed_urls`) the first that answers decides.
 
     A server without cluster support answers ``CLUSTER INFO`` with an error, as does
     one whose ACL does not grant it (the role ACLs of ``streamworks admin acl`` grant
@@ -120,6 +141,18 @@ def detect_cluster(url: str, *, timeout: float = 5.0) -> bool:
     the real error. Set ``redis_cluster`` to say which explicitly. This runs once, when
     a client is created (one round trip, before any traffic).
     """
+    urls = seed_urls(url)
+    if len(urls) > 1:
+        for seed in urls:
+            try:
+                return _probe(seed, timeout, quiet_unreachable=False)
+            except sync_redis.ConnectionError:
+                continue  # a seed node down: ask the next
+        return True  # none answers: several URLs name a cluster's seeds; commands will say
+    return _probe(urls[0], timeout, quiet_unreachable=True)
+
+
+def _probe(url: str, timeout: float, *, quiet_unreachable: bool) -> bool:
     if url.startswith("unix:"):
         return False  # cluster nodes are TCP only
     probe = sync_redis.Redis.from_url(
@@ -136,9 +169,13 @@ def detect_cluster(url: str, *, timeout: float = 5.0) -> bool:
         return False
     except sync_redis.ResponseError:
         return False
-    except sync_redis.RedisError:
+    except sync_redis.ConnectionError:
         # Unreachable: the caller's first command reports that (one clear error); a
         # process that must start before its cluster answers sets redis_cluster=true.
+        if quiet_unreachable:
+            return False
+        raise
+    except sync_redis.RedisError:
         return False
     finally:
         probe.close()
@@ -163,15 +200,42 @@ def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 30,
     }
+    urls = seed_urls(settings.redis_url)
     cluster = settings.redis_cluster
     if cluster is None:
         cluster = detect_cluster(settings.redis_url)
     if cluster:
         options.pop("health_check_interval")
+        # The later seeds join the first's: redis-py asks them in turn for the slot map
+        # (with the first URL's credentials and TLS) until one answers.
+        seeds = [ClusterNode(*_host_port(u)) for u in urls[1:]]
         return WaitingRedisCluster.from_url(
-            settings.redis_url, max_connections=max_connections, **options
+            urls[0], max_connections=max_connections, startup_nodes=seeds or None, **options
+        )
+    if len(urls) > 1:
+        raise ValueError(
+            f"{len(urls)} Redis URLs given, but the server is not a Redis Cluster (several "
+            "URLs are a cluster's seed nodes): give one URL, or set redis_cluster=true"
         )
     pool = BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=max_connections, timeout=10, **options
+        urls[0], max_connections=max_connections, timeout=10, **options
     )
     return Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
+
+
+def masked_url(url: str) -> str:
+    """``url`` with any password masked (URLs are printed; secrets never are); each of
+    a cluster's comma-separated seed URLs."""
+    if "," in url:
+        return ",".join(masked_url(u) for u in url.split(","))
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise ValueError(f"a cluster seed URL needs a host: {url.split('@')[-1]!r}")
+    return parts.hostname, parts.port or 6379

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import uuid
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from streamworks.exceptions import NamespaceMismatchError
+from streamworks.redis.client import masked_url
 from streamworks.redis.keyspace import Keyspace
 
 __all__ = ("NamespaceCheck", "claim_namespace", "read_namespace", "where")
@@ -57,7 +57,7 @@ class NamespaceCheck:
     def __init__(self, redis: Any, keyspace: Keyspace, redis_url: str) -> None:
         self.redis = redis
         self.keyspace = keyspace
-        self.redis_url = _masked(redis_url)
+        self.redis_url = masked_url(redis_url)
         self.checks = 0
 
     async def verify(
@@ -98,10 +98,3 @@ def where(transport: Any) -> str:
     ``in-process`` (``TestRuntime``'s transport)."""
     urls = getattr(transport, "urls", None)
     return ", ".join(urls) if urls else "in-process"
-
-
-def _masked(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))

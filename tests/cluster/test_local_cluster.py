@@ -82,3 +82,35 @@ async def test_slot_migration_moves_keys_and_clients_follow(
             direct.close()
     finally:
         await client.aclose()
+
+
+async def test_several_seed_urls_reach_the_cluster_while_the_first_is_down(
+    streamworks_local_cluster: LocalCluster,
+) -> None:
+    """``redis_url`` may list a cluster's seed nodes, comma-separated: detection and
+    the client's slot map come from the first seed that answers, so a process starts
+    while a seed node is down (here the first one names a port nobody listens on)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    live = streamworks_local_cluster.urls[1]
+    seeds = f"redis://127.0.0.1:{dead}/0, {live}"
+    assert detect_cluster(seeds, timeout=1)
+    for forced in (None, True):
+        client = create_redis(Settings(redis_url=seeds, redis_cluster=forced))
+        try:
+            assert isinstance(client, RedisCluster)
+            keys = [f"{{seed{i}}}:k" for i in range(12)]  # spread over the masters
+            for k in keys:
+                await client.set(k, "v")
+            assert [await client.get(k) for k in keys] == [b"v"] * len(keys)
+        finally:
+            await client.aclose()
+
+
+def test_several_urls_for_a_single_node_are_refused(streamworks_single_redis_url: str) -> None:
+    two = f"{streamworks_single_redis_url},{streamworks_single_redis_url}"
+    with pytest.raises(ValueError, match="not a Redis Cluster"):
+        create_redis(Settings(redis_url=two))

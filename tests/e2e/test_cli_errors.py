@@ -59,6 +59,12 @@ async def test_a_bad_redis_url_scheme_on_every_command_that_takes_one(cluster: C
     # From the environment too.
     result = await cluster.cli("dlq", "ls", env={"STREAMWORKS_REDIS_URL": "localhost:6379"})
     assert_one_error_line(result, "invalid Redis URL")
+    # A cluster's seed list: every URL is checked, and a password never printed.
+    seeds = "redis://:s3cret@127.0.0.1:7000,127.0.0.1:7001"
+    result = await cluster.cli("dlq", "ls", "--redis", seeds)
+    assert_one_error_line(result, "invalid Redis URL '127.0.0.1:7001'")
+    assert b"s3cret" not in result.stdout + result.stderr
+    assert result.returncode == 2
 
 
 async def test_bad_arguments_are_one_line(cluster: Cluster) -> None:

@@ -556,7 +556,8 @@ async def run_replicas(args: argparse.Namespace) -> None:
                 f"{r['retries']} retries while forming); served per replica {paced} /s paced, "
                 f"{saturated} /s saturated (total {r['throughput_per_s']:,.0f}/s); "
                 f"{r['sections']['full_road_heartbeats']:,.0f} full-road heartbeats in "
-                f"{r['sections']['critical_sections']:,.0f} critical sections"
+                f"{r['sections']['critical_sections']:,.0f} critical sections; one /metrics "
+                f"scrape {r['metrics_scrape_s']:.2f} s per replica"
             )
     finally:
         server.stop()

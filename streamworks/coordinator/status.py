@@ -61,10 +61,11 @@ class StatusReport:
         live = [s for s in info.shards if s.state != "RETIRED"]
         if not live:
             return info
-        positions = await self.store.shard_positions([ShardId.parse(s.shard) for s in live])
+        read = await self.store.shard_positions([ShardId.parse(s.shard) for s in live])
+        positions = iter(read)  # in the order of ``live`` (list.index was O(shards²))
         out = []
         for shard in info.shards:
-            position = None if shard.state == "RETIRED" else positions[live.index(shard)]
+            position = None if shard.state == "RETIRED" else next(positions)
             if position is None:
                 out.append(shard)  # retired, or Redis answered an error for it
                 continue

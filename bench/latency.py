@@ -321,7 +321,7 @@ async def drive(
     suite: Suite,
     consumer: common.Child,
     ready: Any,
-    keys: list[str],
+    streams: list[str],
     group: str,
     pub_target: str,
     *,
@@ -332,7 +332,7 @@ async def drive(
 ) -> dict[str, Any]:
     """Wait for the consumer child to be ready, run the publisher child at ``rate``,
     collect the consumer's result (with the publisher's rate and lateness); then stop
-    the consumer and leave the streams empty, its group destroyed (latency_load too)."""
+    the consumer and leave ``streams`` empty, its group destroyed (latency_load too)."""
     try:
         deadline = time.monotonic() + 60
         while not ready.is_set():
@@ -355,8 +355,8 @@ async def drive(
         return res
     finally:
         consumer.stop()
-        await common.destroy_groups(suite.redis, keys, group)
-        for key in keys:
+        await common.destroy_groups(suite.redis, streams, group)
+        for key in streams:
             await suite.redis.execute_command("XTRIM", key, "MAXLEN", 0)
 
 

@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import anyio
+
 from streamworks.coordinator.batching import DEFAULT_MAX_BATCH, Combiner
 from streamworks.coordinator.core import (
     CoreConfig,
@@ -45,7 +47,7 @@ from streamworks.protocol.control import (
 )
 from streamworks.redis.keyspace import Keyspace
 
-__all__ = ("HeartbeatHandler",)
+__all__ = ("HeartbeatHandler", "short_road_budget")
 
 log = logging.getLogger("streamworks.coordinator")
 
@@ -72,6 +74,15 @@ class _Beat:
     starts: Mapping[str, StartPosition]
 
 
+def short_road_budget(pool: int | None) -> int | None:
+    """How many of a pool's ``pool`` Redis connections the no-change heartbeats may hold
+    at once: three quarters; the last quarter (at least one) is kept for critical
+    sections, the loop and status reads. None (no bound) when the pool size is unknown."""
+    if pool is None:
+        return None
+    return max(1, pool - max(1, pool // 4))
+
+
 class HeartbeatHandler:
     """Answers the heartbeats of every group on one replica."""
 
@@ -87,6 +98,7 @@ class HeartbeatHandler:
         replica: ReplicaState,
         subscriptions: Subscriptions,
         max_batch: int = DEFAULT_MAX_BATCH,
+        short_road_connections: int | None = None,
     ) -> None:
         self.store = store
         self.keyspace = keyspace
@@ -96,6 +108,13 @@ class HeartbeatHandler:
         self.discipline = discipline
         self.replica = replica
         self.subscriptions = subscriptions
+        # The no-change heartbeats may hold this many Redis connections at once, the
+        # rest of the pool stays free for critical sections and the loop: under a burst
+        # far above capacity the short road queues here, not in the pool in front of a
+        # critical section (which could then outlive its mutex TTL).
+        self._short_road = (
+            anyio.Semaphore(short_road_connections) if short_road_connections else None
+        )
         #: Heartbeats queued behind a group's critical section are decided together.
         self.batches: Combiner[_Beat, HeartbeatResponse] = Combiner(
             discipline, self._batch, max_batch=max_batch, on_batch=metrics.heartbeat_batch.observe
@@ -150,6 +169,14 @@ class HeartbeatHandler:
         cached = self.store.cached_group(group_id)
         if cached is None:
             return None
+        if self._short_road is None:
+            return await self._fast_from(group_id, request, cached)
+        async with self._short_road:
+            return await self._fast_from(group_id, request, cached)
+
+    async def _fast_from(
+        self, group_id: str, request: HeartbeatInput, cached: tuple[int, Group]
+    ) -> HeartbeatResponse | None:
         answer, stale = await self._fast_on(group_id, request, *cached)
         if not stale:
             return answer

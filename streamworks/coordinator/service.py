@@ -27,7 +27,7 @@ from streamworks.clock import Clock
 from streamworks.coordinator.admin import OperatorActions
 from streamworks.coordinator.core import CoreConfig
 from streamworks.coordinator.discipline import WriteDiscipline
-from streamworks.coordinator.heartbeats import HeartbeatHandler
+from streamworks.coordinator.heartbeats import HeartbeatHandler, short_road_budget
 from streamworks.coordinator.loop import EventLoop
 from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.replica import ReplicaState
@@ -46,6 +46,7 @@ from streamworks.protocol.control import (
     StreamInfo,
     UnsubscribeRequest,
 )
+from streamworks.redis.client import pool_size
 from streamworks.redis.keyspace import Keyspace
 from streamworks.settings import Settings
 
@@ -110,6 +111,7 @@ class CoordinatorService:
             discipline=self.discipline,
             replica=self.state,
             subscriptions=self.subscriptions,
+            short_road_connections=short_road_budget(pool_size(redis)),
         )
         self.loop = EventLoop(
             store=self.store,

@@ -33,6 +33,7 @@ __all__ = (
     "detect_cluster",
     "is_cluster",
     "masked_url",
+    "pool_size",
     "seed_urls",
 )
 
@@ -63,7 +64,8 @@ class WaitingRedisCluster(RedisCluster):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._permits = asyncio.Semaphore(int(kwargs.get("max_connections") or 1024))
+        self.max_connections = int(kwargs.get("max_connections") or 1024)
+        self._permits = asyncio.Semaphore(self.max_connections)
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if _HOLDING.get():
@@ -112,6 +114,16 @@ class _WaitingPipeline(ClusterPipeline):
         if any(isinstance(r, RedisCluster.ERRORS_ALLOW_RETRY) for r in replies):
             self.cluster_client._initialize = True  # a reply lost with its connection
         return list(replies)
+
+
+def pool_size(redis: Any) -> int | None:
+    """How many connections ``redis`` opens at most (None: not a client made by
+    :func:`create_redis`, or its pool does not say)."""
+    if isinstance(redis, WaitingRedisCluster):
+        return redis.max_connections
+    pool = getattr(redis, "connection_pool", None)
+    size = getattr(pool, "max_connections", None)
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def is_cluster(redis: Any) -> bool:

@@ -130,13 +130,7 @@ async def test_replay_of_a_message_from_a_retired_shard_follows_its_key(
     async with TestRuntime(
         app_a, workers=1, redis_url=streamworks_redis_url, key_prefix=settings.key_prefix
     ) as rt:
-        # A key that routes to shard 1 of 2 (and so to shard 0 once there is one shard).
-        key = next(k for k in (f"key{i}" for i in range(100)) if _shard_of(rt, k) == 1)
-        await app_a.publish("orders", {"n": 5}, key=key)
-        dlq_key = keyspace.dead_letters("ga", "orders")
-        await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the dead letter")
-        [(_, fields)] = await redis.xrange(dlq_key)
-        assert fields[b"shard"] == b"orders/1@0"
+        fields = await _dead_letter_on_shard_1(rt, app_a, redis, keyspace)
         await rt.scale("orders", 1)
         assert not await redis.exists(keyspace.stream(ShardId("orders", 1, 0)))
         broken.clear()
@@ -149,6 +143,20 @@ async def test_replay_of_a_message_from_a_retired_shard_follows_its_key(
         # Handled by shard 0's owner, as a message of shard 0 (its lane, its retries).
         await wait_for(lambda: (5, "orders/0@0", 1) in seen_a, 10, "ga to handle it")
         assert not await redis.exists(keyspace.redelivery(ShardId("orders", 1, 0), "ga"))
+
+
+async def _dead_letter_on_shard_1(
+    rt: TestRuntime, app: App, redis: Any, keyspace: Keyspace
+) -> dict[bytes, bytes]:
+    """Publish the broken value 5 under a key that routes to shard 1 of 2 (and so to
+    shard 0 once there is one shard); return its dead letter's fields."""
+    key = next(k for k in (f"key{i}" for i in range(100)) if _shard_of(rt, k) == 1)
+    await app.publish("orders", {"n": 5}, key=key)
+    dlq_key = keyspace.dead_letters("ga", "orders")
+    await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the dead letter")
+    [(_, fields)] = await redis.xrange(dlq_key)
+    assert fields[b"shard"] == b"orders/1@0"
+    return dict(fields)
 
 
 def _shard_of(rt: TestRuntime, key: str) -> int:
@@ -171,11 +179,7 @@ async def test_a_replayed_dead_letter_on_a_draining_shard_keeps_it_until_handled
     async with TestRuntime(
         app_a, workers=1, redis_url=streamworks_redis_url, key_prefix=settings.key_prefix
     ) as rt:
-        key = next(k for k in (f"key{i}" for i in range(100)) if _shard_of(rt, k) == 1)
-        await app_a.publish("orders", {"n": 5}, key=key)
-        dlq_key = keyspace.dead_letters("ga", "orders")
-        await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the dead letter")
-        [(_, fields)] = await redis.xrange(dlq_key)
+        fields = await _dead_letter_on_shard_1(rt, app_a, redis, keyspace)
         await rt.stop_worker(0)  # nobody of group ga runs from here on
         broken.clear()
         assert rt.connection is not None

@@ -89,7 +89,12 @@ def check_redis_url(url: str) -> None:
     Cluster, a comma-separated list of its seed nodes' URLs)."""
     from urllib.parse import urlsplit
 
-    seeds = [u.strip() for u in url.split(",") if u.strip()] or [url]
+    from streamworks.redis.client import seed_urls
+
+    try:
+        seeds = seed_urls(url)
+    except ValueError:
+        seeds = [url]  # blank: the scheme check below says what is wrong
     for seed in seeds:
         if urlsplit(seed).scheme not in REDIS_SCHEMES:
             fail(

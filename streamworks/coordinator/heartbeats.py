@@ -9,6 +9,7 @@ the owner fences of new grants, answer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -112,8 +113,10 @@ class HeartbeatHandler:
         # rest of the pool stays free for critical sections and the loop: under a burst
         # far above capacity the short road queues here, not in the pool in front of a
         # critical section (which could then outlive its mutex TTL).
-        self._short_road = (
-            anyio.Semaphore(short_road_connections) if short_road_connections else None
+        self._short_road: anyio.Semaphore | contextlib.nullcontext[None] = (
+            anyio.Semaphore(short_road_connections)
+            if short_road_connections
+            else contextlib.nullcontext()
         )
         #: Heartbeats queued behind a group's critical section are decided together.
         self.batches: Combiner[_Beat, HeartbeatResponse] = Combiner(
@@ -169,22 +172,15 @@ class HeartbeatHandler:
         cached = self.store.cached_group(group_id)
         if cached is None:
             return None
-        if self._short_road is None:
-            return await self._fast_from(group_id, request, cached)
         async with self._short_road:
-            return await self._fast_from(group_id, request, cached)
-
-    async def _fast_from(
-        self, group_id: str, request: HeartbeatInput, cached: tuple[int, Group]
-    ) -> HeartbeatResponse | None:
-        answer, stale = await self._fast_on(group_id, request, *cached)
-        if not stale:
+            answer, stale = await self._fast_on(group_id, request, *cached)
+            if not stale:
+                return answer
+            loaded = await self.store.load_group(group_id)
+            if loaded.group is None or loaded.rev == cached[0]:
+                return None
+            answer, _ = await self._fast_on(group_id, request, loaded.rev, loaded.group)
             return answer
-        loaded = await self.store.load_group(group_id)
-        if loaded.group is None or loaded.rev == cached[0]:
-            return None
-        answer, _ = await self._fast_on(group_id, request, loaded.rev, loaded.group)
-        return answer
 
     async def _fast_on(
         self, group_id: str, request: HeartbeatInput, rev: int, group: Group

@@ -158,8 +158,8 @@ def detect_cluster(url: str, *, timeout: float = 5.0) -> bool:
         for seed in urls:
             try:
                 return _probe(seed, timeout, quiet_unreachable=False)
-            except sync_redis.ConnectionError:
-                continue  # a seed node down: ask the next
+            except (sync_redis.ConnectionError, sync_redis.TimeoutError):
+                continue  # a seed node down or not answering: ask the next
         return True  # none answers: several URLs name a cluster's seeds; commands will say
     return _probe(urls[0], timeout, quiet_unreachable=True)
 
@@ -181,7 +181,7 @@ def _probe(url: str, timeout: float, *, quiet_unreachable: bool) -> bool:
         return False
     except sync_redis.ResponseError:
         return False
-    except sync_redis.ConnectionError:
+    except (sync_redis.ConnectionError, sync_redis.TimeoutError):
         # Unreachable: the caller's first command reports that (one clear error); a
         # process that must start before its cluster answers sets redis_cluster=true.
         if quiet_unreachable:

@@ -359,7 +359,6 @@ class TestRuntime(RuntimeObservations):
             self._server = None
 
     async def _serve_http(self, *, task_status: TaskStatus[None]) -> None:
-
         from streamworks.coordinator.http import QuietServer, create_api, server_config
 
         assert self.service is not None

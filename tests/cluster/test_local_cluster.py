@@ -98,6 +98,13 @@ async def test_several_seed_urls_reach_the_cluster_while_the_first_is_down(
     live = streamworks_local_cluster.urls[1]
     seeds = f"redis://127.0.0.1:{dead}/0, {live}"
     assert detect_cluster(seeds, timeout=1)
+    # A seed that accepts the connection and never answers (a hung node) is passed
+    # over too, after its timeout.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        hung = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        assert detect_cluster(f"{hung},{live}", timeout=0.5)
     for forced in (None, True):
         client = create_redis(Settings(redis_url=seeds, redis_cluster=forced))
         try:

@@ -62,7 +62,11 @@ class ReadStatus:
     IDLE = 0  # nothing new: wait for entries after the last entry id
     FENCED = -1  # the fence names another grant: what was read is not to be processed
     RETIRED = -2  # the shard key does not exist
-    UNCHECKED = 3  # the read ran, its check failed (a script error): claim what it took
+    UNCHECKED = 3  # the read ran, its check failed (the gate's error): claim what it took
+
+
+def _text(value: Arg) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 @cache
@@ -151,8 +155,12 @@ class Scripts:
             the last entry id (``IDLE``) or the current fence (``FENCED``).
 
         Raises:
-            ResponseError: the transaction was refused (none of it ran), or the group
-                is missing on the shard (``NOGROUP``).
+            TransactionNotAtomic: ``MULTI`` was refused (the user lacks ``+multi``): the
+                gate, the read and the ungate ran one by one, unchecked; what the read
+                took is in this consumer's pending list (claim it, fenced).
+            ResponseError: the transaction was refused (none of it ran: e.g.
+                ``TRYAGAIN`` during a slot migration), or the group is missing on the
+                shard (``NOGROUP``).
         """
         stream, fence, hold = keys
         read = Atomic(
@@ -172,10 +180,13 @@ class Scripts:
             raise reply
         verdict, entries, _ = reply
         if isinstance(verdict, Exception):
-            # The gate failed (a bug or a server fault) and the read ran unchecked: it
-            # is not processed; a (fenced) takeover round claims what it took.
-            log.error("fenced read gate failed on %s: %s", stream, verdict)
-            return ReadStatus.UNCHECKED, None
+            # The gate failed (a bug, a server fault, a user without +rename) while the
+            # transaction ran: the read ran unchecked. It is not processed; a (fenced)
+            # takeover round claims what it took. The caller counts it.
+            log.error(
+                "fenced read gate failed on %s, the read ran unchecked: %s", _text(stream), verdict
+            )
+            return ReadStatus.UNCHECKED, verdict
         status = int(verdict[0])
         if status < 0:
             return status, verdict[1] if len(verdict) > 1 else None

@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError, TryAgainError
 
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.scripts import ReadStatus
-from streamworks.redis.wire import Arg
+from streamworks.redis.wire import Arg, TransactionNotAtomic
 from streamworks.runtime.dead_letter import parse_final
 from streamworks.runtime.message import Message, messages_from_entries
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from streamworks.runtime.execution import HandlerRuntime
     from streamworks.runtime.worker import Worker
 
-__all__ = ("ReaderState", "ShardReader")
+__all__ = ("ReaderState", "ShardReader", "read_error_reason")
 
 log = logging.getLogger("streamworks.reader")
 
@@ -139,7 +139,21 @@ class ShardReader:
             self._stop(ReaderState.NO_GROUP)
             log.error("consumer group missing on %s; stopped reading it", self.shard_name)
             return
-        log.warning("read of %s failed (%s); retrying in %.2fs", self.shard_name, error, delay)
+        reason = read_error_reason(error)
+        self.worker.metrics.count_read_error(self.shard.stream, reason)
+        if reason in ("denied", "not_atomic"):
+            # Never a passing fault: the Redis user lacks a permission the fenced read
+            # needs, and a read may have run unchecked (its entries are claimed, fenced,
+            # by the takeover round that follows). Loud, every time.
+            log.error(
+                "read of %s refused by Redis (%s): the Redis user needs the worker ACL "
+                "(`streamworks admin acl worker`); retrying in %.2fs",
+                self.shard_name,
+                error,
+                delay,
+            )
+        else:
+            log.warning("read of %s failed (%s); retrying in %.2fs", self.shard_name, error, delay)
         await self.worker.clock.sleep(delay)
 
     async def _read_round(self) -> None:
@@ -219,7 +233,10 @@ class ShardReader:
         elif status == ReadStatus.IDLE:
             self._idle_after = value
         elif status == ReadStatus.UNCHECKED:
-            self.recovering = True  # what the read took is claimed, fenced, next round
+            # The gate failed and the read ran unchecked (logged by the script call):
+            # what it took is claimed, fenced, next round.
+            self.worker.metrics.count_read_error(self.shard.stream, read_error_reason(value))
+            self.recovering = True
         else:
             self._refused(status, [status, value])
 
@@ -356,6 +373,23 @@ class ShardReader:
     async def wait_idle(self) -> None:
         """Wait until every message handed out has settled (handled and acked)."""
         await self._idle.wait()
+
+
+#: How servers word an ACL refusal (NOPERM; inside a script: Valkey, then Redis 7).
+_DENIED = ("NOPERM", "ACL failure in script", "can't run this command")
+
+
+def read_error_reason(error: BaseException) -> str:
+    """The ``reason`` label of ``streamworks_read_errors_total`` for a failed read."""
+    if isinstance(error, TransactionNotAtomic):
+        return "not_atomic"
+    if isinstance(error, NoPermissionError) or any(m in str(error) for m in _DENIED):
+        return "denied"  # (an ACL refusal inside a script is a plain script error)
+    if isinstance(error, TryAgainError):
+        return "tryagain"
+    if isinstance(error, ResponseError):
+        return "refused"
+    return "connection"
 
 
 def _apply_retry_record(message: Message, record: bytes, now_ms: int, now: float) -> None:

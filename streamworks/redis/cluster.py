@@ -227,15 +227,18 @@ async def _send(
                 raw.append(e)
     except BaseException as e:
         # Replies may be left unread on the socket: close the connection (shielded, so
-        # a cancellation cannot leave it half-closed), and reload the slot map before
-        # the next batch (the node may be gone, its replica promoted).
+        # a cancellation cannot leave it half-closed).
         with anyio.CancelScope(shield=True):
             try:
                 await connection.disconnect()
             finally:
                 node.release(connection)
-        cluster._initialize = True
         if isinstance(e, Exception):  # raised by run_cluster_batch, not as a group
+            # Reload the slot map before the next batch (the node may be gone, its
+            # replica promoted). Not after a cancellation (a wait cut short, a worker
+            # stopping): nothing is known about the node then, and redis-py's aclose()
+            # closes nothing while the reload is pending (its connections would leak).
+            cluster._initialize = True
             write.error = e
             return
         raise

@@ -196,6 +196,22 @@ class Keyspace:
         """Every key in any shard's slot: ``{<prefix>:<shard>}:…``."""
         return f"{{{self.prefix}:*"
 
+    def shard_streams_pattern(self) -> str:
+        """Every shard's stream (:meth:`stream`)."""
+        return f"{{{self.prefix}:*}}:stream"
+
+    def fences_pattern(self) -> str:
+        """Every owner fence of every group on every shard (:meth:`fence`)."""
+        return f"{{{self.prefix}:*}}:fence:*"
+
+    def read_holds_pattern(self) -> str:
+        """Every shard's hold key (:meth:`read_hold`)."""
+        return f"{{{self.prefix}:*}}:hold"
+
+    def retries_pattern(self) -> str:
+        """Every group's retry records on every shard (:meth:`retries`)."""
+        return f"{{{self.prefix}:*}}:retry:*"
+
     def shard_groups_pattern(self) -> str:
         """Every shard's set of groups that must exist on it (:meth:`shard_groups`)."""
         return f"{{{self.prefix}:*}}:groups"

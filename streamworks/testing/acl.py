@@ -51,7 +51,9 @@ async def on_every_node(admin: Any, *command: Any) -> list[Any]:
     """Run ``command`` on the server, or on every node of a cluster (ACL state is per
     node); the replies, one per node."""
     if isinstance(admin, RedisCluster):
-        replies = await admin.execute_command(*command, target_nodes=RedisCluster.ALL_NODES)
+        if admin._initialize:  # the node list is loaded on first use
+            await admin.initialize()
+        replies = await admin.execute_command(*command, target_nodes=admin.get_nodes())
         return list(replies.values()) if isinstance(replies, dict) else [replies]
     return [await admin.execute_command(*command)]
 

@@ -17,6 +17,9 @@ Fixtures:
 * ``streamworks_runtime`` — a factory: ``streamworks_runtime(app, workers=2)``
   returns a :class:`~streamworks.testing.TestRuntime` on that server, with a key
   prefix of its own, to use as ``async with``.
+* ``streamworks_acl`` — whether ``--redis-acl`` (or :envvar:`STREAMWORKS_TEST_REDIS_ACL`
+  ``=1``) asks every component to connect as its role's least-privilege user
+  (``TestRuntime(acl=True)``: users created per runtime, ``ACL LOG`` checked at exit).
 
 Redis targets: ``streamworks_redis_url`` is parametrized over where tests run.
 Tests marked ``@pytest.mark.cluster`` run twice, ``[single]`` and ``[cluster]``
@@ -53,6 +56,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "server and a cluster), single, or cluster (every test, except 'no_cluster' ones)",
     )
 
+    parser.addoption(
+        "--redis-acl",
+        action="store_true",
+        default=os.environ.get("STREAMWORKS_TEST_REDIS_ACL", "") not in ("", "0"),
+        help="runtimes connect their coordinator, workers and producer as the role ACL "
+        "users of `streamworks admin acl` (the test's own client stays the default user); "
+        "a command Redis refused them (ACL LOG) fails the test",
+    )
     parser.addini(
         "streamworks_cluster_tests",
         type="linelist",
@@ -167,11 +178,21 @@ def streamworks_single_redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def streamworks_runtime(streamworks_redis_url: str) -> Callable[..., TestRuntime]:
-    """Factory of :class:`TestRuntime` instances on the session's Redis."""
+def streamworks_acl(request: pytest.FixtureRequest) -> bool:
+    """Whether components connect as their role's ACL user (``--redis-acl``)."""
+    return bool(request.config.getoption("--redis-acl"))
+
+
+@pytest.fixture
+def streamworks_runtime(
+    streamworks_redis_url: str, streamworks_acl: bool
+) -> Callable[..., TestRuntime]:
+    """Factory of :class:`TestRuntime` instances on the session's Redis (as role ACL
+    users with ``--redis-acl``)."""
 
     def make(app: Any, **kwargs: Any) -> TestRuntime:
         kwargs.setdefault("redis_url", streamworks_redis_url)
+        kwargs.setdefault("acl", streamworks_acl)
         return TestRuntime(app, **kwargs)
 
     return make

@@ -49,6 +49,10 @@ log = logging.getLogger("streamworks.coordinator.resharding")
 #: lease from when they asked, on their own clock; this covers clock-rate skew.
 FENCE_MARGIN_MS = 1_000
 
+#: Removed shards checked (and retired) per step of a drain check: one round trip per
+#: node; the stream's mutex is confirmed before each.
+RETIRE_BATCH = 500
+
 
 class Resharder:
     """Migrations of one coordinator replica."""
@@ -79,7 +83,8 @@ class Resharder:
         """Change ``name`` to ``shards`` routable shards (see the module docstring)."""
         settings = self.settings
         lease_ms = int(settings.routing_lease * 1000) + FENCE_MARGIN_MS
-        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
+        mutex = self.keyspace.stream_mutex(name)
+        async with self.discipline.critical(mutex, renew=True) as held:
             for _ in range(settings.coordinator.cas_retries):
                 rev, meta = await self.store.load_stream(name)
                 if meta is None:
@@ -98,9 +103,11 @@ class Resharder:
                     # Provisional: a group subscribing right now may be missing from
                     # `groups`; nothing is trimmed on these shards until the list is
                     # confirmed below, from a registry read after the commit.
+                    await held.verify()
                     await provision.create_shards(
                         self.store.scripts, self.keyspace, new_shards, groups, provisional=True
                     )
+                held.check()
                 if await self.store.commit_stream(rev, updated) is None:
                     continue
                 if created:
@@ -162,19 +169,20 @@ class Resharder:
         refused) by a creation or a scale-out whose replica died between its commit and
         its own confirmation. In the stream's critical section, so no unsubscribe runs
         between the registry read and the write (it would list a destroyed group)."""
-        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
+        async with self.discipline.critical(self.keyspace.stream_mutex(name), renew=True) as held:
             rev, meta = await self.store.load_stream(name)
             if meta is None:
                 return
             groups = sorted(await self.store.subscribed_groups(name))
             shards = [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
+            held.check()
             await provision.record_shard_groups(self.store.scripts, self.keyspace, shards, groups)
             if len(self._sealed) > 4096:
                 self._sealed.clear()
             self._sealed.add((name, rev))
 
     async def _check_and_retire(self, name: str) -> None:
-        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
+        async with self.discipline.critical(self.keyspace.stream_mutex(name), renew=True) as held:
             rev, meta = await self.store.load_stream(name)
             if meta is None:
                 return
@@ -184,11 +192,15 @@ class Resharder:
                 return
             groups = sorted(await self.store.subscribed_groups(name))
             retired: list[str] = []
-            for record in due:
-                shard_id = record.shard_id(name)
-                check = await provision.drain_check(
-                    self.store.scripts, self.keyspace, ShardId.parse(shard_id), groups
+            checks: list[provision.DrainCheck] = []
+            ids = [record.shard_id(name) for record in due]
+            for start in range(0, len(ids), RETIRE_BATCH):
+                held.check()  # the registry read above still holds: no unsubscribe ran
+                batch = [ShardId.parse(s) for s in ids[start : start + RETIRE_BATCH]]
+                checks += await provision.drain_checks(
+                    self.store.scripts, self.keyspace, batch, groups
                 )
+            for shard_id, check in zip(ids, checks, strict=True):
                 if check.status in (provision.DrainStatus.DRAINED, provision.DrainStatus.GONE):
                     retired.append(shard_id)
                     self.blockers.pop(shard_id, None)
@@ -204,6 +216,7 @@ class Resharder:
             if not retired:
                 return
             updated = retire_shards(meta, retired, now)
+            held.check()
             if await self.store.commit_stream(rev, updated) is None:
                 # Someone else committed first; the keys are gone either way and the
                 # next tick (here or on another replica) records them (script returns 2).

@@ -26,7 +26,7 @@ import anyio
 from streamworks.clock import Clock
 from streamworks.coordinator.admin import OperatorActions
 from streamworks.coordinator.core import CoreConfig
-from streamworks.coordinator.discipline import WriteDiscipline
+from streamworks.coordinator.discipline import Exclusion, WriteDiscipline
 from streamworks.coordinator.heartbeats import HeartbeatHandler, short_road_budget
 from streamworks.coordinator.loop import EventLoop
 from streamworks.coordinator.metrics import CoordinatorMetrics
@@ -148,7 +148,7 @@ class CoordinatorService:
         """Whether this replica refuses new critical sections (E4)."""
         return self.discipline.terminating
 
-    def critical(self, mutex_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+    def critical(self, mutex_key: str) -> contextlib.AbstractAsyncContextManager[Exclusion]:
         """A critical section on ``mutex_key`` (:meth:`WriteDiscipline.critical`)."""
         return self.discipline.critical(mutex_key)
 

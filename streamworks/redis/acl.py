@@ -184,7 +184,7 @@ PATHS: dict[Role, tuple[Path, ...]] = {
         Path("group changelog", ("control",) * 2, scripts=("group_delta",)),
         Path("stream commit", ("control",) * 2, scripts=("stream_commit",)),
         Path("lease renewal", ("control",) * 2, scripts=("lease_renew",), rest=("control",)),
-        Path("mutex release", ("control",), scripts=("mutex_release",)),
+        Path("mutex release and renewal", ("control",), scripts=("mutex_release", "mutex_renew")),
         Path(
             "create shards and consumer groups",
             ("stream", "groups"),

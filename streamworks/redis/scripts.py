@@ -40,6 +40,7 @@ SCRIPT_NAMES = (
     "group_destroy",
     "lease_renew",
     "mutex_release",
+    "mutex_renew",
     "prune_consumers",
     "publish_dedup",
     "read",
@@ -95,6 +96,7 @@ class Scripts:
     group_destroy: AsyncScript
     lease_renew: AsyncScript
     mutex_release: AsyncScript
+    mutex_renew: AsyncScript
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
     read: AsyncScript

@@ -162,6 +162,12 @@ PATHS: dict[Role, tuple[Path, ...]] = {
         Path("redelivery prune", ("redelivery",), scripts=("prune_consumers",)),
         Path("redelivery acks", ("redelivery",), ("xack", "xdel", "hdel")),
         Path("redelivery retry records", ("fence", "redelivery"), scripts=("retry_record",)),
+        # Removes its group's redelivery stream of a shard it owns once it is empty.
+        Path(
+            "redelivery cleanup",
+            ("redelivery", "fence", "redelivery"),
+            scripts=("redelivery_done",),
+        ),
         Path("idempotency store", ("idempotency",), ("set", "get", "del", "pexpire")),
         *_PUBLISH,
     ),

@@ -179,6 +179,11 @@ class Keyspace:
         """Highest epoch ever issued in the namespace (keeps epochs monotonic, E19)."""
         return f"{self.control_tag}:epoch-floor"
 
+    def lag_repair_turn(self, stream: str) -> str:
+        """Whose turn it is to check ``stream``'s ACTIVE shards for a lag a Redis
+        restart broke (``coordinator/lag_repair.py``): one replica per interval."""
+        return f"{self.control_tag}:lag-repair:{stream}"
+
     def namespace(self) -> str:
         """The namespace id, written once by the coordinator and checked by every
         worker and producer in its own Redis (``streamworks.redis.namespace``)."""

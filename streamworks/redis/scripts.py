@@ -47,6 +47,7 @@ SCRIPT_NAMES = (
     "read_gate",
     "read_ungate",
     "redeliver",
+    "redelivery_done",
     "retire",
     "retry_record",
     "shard_create",
@@ -103,6 +104,7 @@ class Scripts:
     read_gate: AsyncScript
     read_ungate: AsyncScript
     redeliver: AsyncScript
+    redelivery_done: AsyncScript
     retire: AsyncScript
     retry_record: AsyncScript
     shard_create: AsyncScript

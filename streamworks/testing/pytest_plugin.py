@@ -195,7 +195,7 @@ def streamworks_runtime(
 
     def make(app: Any, **kwargs: Any) -> TestRuntime:
         kwargs.setdefault("redis_url", streamworks_redis_url)
-        kwargs.setdefault("acl", streamworks_acl)
+        kwargs.setdefault("acl", streamworks_acl)  # (TestRuntime reads it too)
         return TestRuntime(app, **kwargs)
 
     return make

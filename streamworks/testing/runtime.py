@@ -210,7 +210,8 @@ class TestRuntime(RuntimeObservations):
             least-privilege users ``streamworks admin acl`` prints (created for the
             runtime's key prefix, deleted at exit); the runtime fails at exit if Redis
             refused any of them a command (``ACL LOG``). ``redis`` stays the default
-            user, for the test's own reads.
+            user, for the test's own reads. Default: ``STREAMWORKS_TEST_REDIS_ACL``
+            (set by the pytest plugin's ``--redis-acl``).
     """
 
     __test__ = False  # not a pytest test class
@@ -226,7 +227,7 @@ class TestRuntime(RuntimeObservations):
         attach: bool = True,
         http: bool = False,
         lifespan: bool = True,
-        acl: bool = False,
+        acl: bool | None = None,
     ) -> None:
         self.app = app
         self._n_workers = workers
@@ -239,6 +240,8 @@ class TestRuntime(RuntimeObservations):
         self._http = http
         self._run_lifespan = lifespan
         self._lifespan: Any = None
+        if acl is None:
+            acl = os.environ.get("STREAMWORKS_TEST_REDIS_ACL", "") not in ("", "0")
         self._acl = acl
         self._users: Any = None  # open_role_users(...) while acl
         self._role_clients: dict[str, Any] = {}

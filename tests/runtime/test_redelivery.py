@@ -11,6 +11,7 @@ import pytest
 from streamworks import App, Message, RetryPolicy
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import Scripts
 from streamworks.runtime.redelivery import redeliver
 from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
@@ -60,7 +61,7 @@ async def test_replay_reaches_only_the_dead_letters_group(
         assert rt_a.connection is not None
         result = await redeliver(
             redis,
-            rt_a.connection.scripts,
+            Scripts(redis),  # an operator's `dlq replay`, as the default user
             keyspace,
             rt_a.connection.routing,
             "ga",
@@ -78,11 +79,20 @@ async def test_replay_reaches_only_the_dead_letters_group(
         # The two groups read independently: ga may handle 3 a little later than gb.
         await wait_for(lambda: any(n == 3 for n, _, _ in seen_a), 10, "ga to handle 3")
         assert sorted(n for n, _, _ in seen_a) == [0, 1, 2, 3]
-        # Acked redelivered entries are deleted from the group's private stream.
+        # Acked redelivered entries are deleted from the group's private stream, and the
+        # stream, empty, is removed: nobody reads it any more.
         shard = ShardId.parse(result.shard)
-        await wait_for(lambda: _xlen(redis, keyspace.redelivery(shard, "ga"), 0), 10, "the XDEL")
+        redelivery = keyspace.redelivery(shard, "ga")
+        await wait_for(lambda: _gone(redis, redelivery), 10, "the redelivery stream removed")
+        assert rt_a.workers[0].redelivery.readers == {}
         assert not await redis.exists(keyspace.redelivery(shard, "gb"))
         assert rt_b.statistics("orders")["handled"] == 4
+        # A later replay to the same shard creates it again, and is handled.
+        await redeliver(
+            redis, Scripts(redis), keyspace, rt_a.connection.routing, "ga", "orders", fields
+        )
+        await wait_for(lambda: [n for n, _, _ in seen_a].count(1) == 2, 10, "the second replay")
+        await wait_for(lambda: _gone(redis, redelivery), 10, "removed again")
 
 
 async def test_a_replayed_message_that_fails_again_is_dead_lettered_again(
@@ -100,7 +110,7 @@ async def test_a_replayed_message_that_fails_again_is_dead_lettered_again(
         await redis.xdel(dlq_key, first_id)
         assert rt.connection is not None
         result = await redeliver(
-            redis, rt.connection.scripts, keyspace, rt.connection.routing, "ga", "orders", fields
+            redis, Scripts(redis), keyspace, rt.connection.routing, "ga", "orders", fields
         )
         await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the second dead letter")
         [(_, again)] = await redis.xrange(dlq_key)
@@ -112,11 +122,15 @@ async def test_a_replayed_message_that_fails_again_is_dead_lettered_again(
         # Of the two members, the one that handled it owns the shard (fenced read).
         fence = (await redis.get(keyspace.fence(shard, "ga"))).decode()
         assert fence.split(":", 1)[1] == again[b"member"].decode()
-        await wait_for(lambda: _xlen(redis, keyspace.redelivery(shard, "ga"), 0), 10, "the XDEL")
+        await wait_for(lambda: _gone(redis, keyspace.redelivery(shard, "ga")), 10, "removed")
 
 
 async def _xlen(redis: Any, key: str, n: int) -> bool:
     return bool(await redis.xlen(key) == n)
+
+
+async def _gone(redis: Any, key: str) -> bool:
+    return not await redis.exists(key)
 
 
 async def test_replay_of_a_message_from_a_retired_shard_follows_its_key(
@@ -137,7 +151,7 @@ async def test_replay_of_a_message_from_a_retired_shard_follows_its_key(
         assert rt.connection is not None
         connection = rt.connection
         result = await redeliver(
-            redis, connection.scripts, keyspace, connection.routing, "ga", "orders", fields
+            redis, Scripts(redis), keyspace, connection.routing, "ga", "orders", fields
         )
         assert result.shard == "orders/0@0"
         # Handled by shard 0's owner, as a message of shard 0 (its lane, its retries).
@@ -185,7 +199,7 @@ async def test_a_replayed_dead_letter_on_a_draining_shard_keeps_it_until_handled
         assert rt.connection is not None
         connection = rt.connection
         result = await redeliver(
-            redis, connection.scripts, keyspace, connection.routing, "ga", "orders", fields
+            redis, Scripts(redis), keyspace, connection.routing, "ga", "orders", fields
         )
         assert result.shard == str(removed)
 

@@ -155,7 +155,11 @@ PATHS: dict[Role, tuple[Path, ...]] = {
         Path("retry records (fenced)", ("fence", "retries"), scripts=("retry_record",)),
         Path("trim below every group", ("stream", "groups"), scripts=("trim",)),
         Path("lag and pending gauges", ("stream",), ("xinfo|groups",)),
-        Path("dead letters, at most once", ("markers", "dead_letters"), scripts=("dead_letter",)),
+        Path(
+            "dead letters, at most once",
+            ("markers", "dead_letters", "markers"),
+            scripts=("dead_letter",),
+        ),
         Path("find redelivery streams", ("redelivery",), ("exists",)),
         Path("redelivery takeover", ("redelivery", "fence", "redelivery"), scripts=("claim",)),
         Path("redelivery read", ("redelivery", "fence"), scripts=("read",)),

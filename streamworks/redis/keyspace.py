@@ -121,13 +121,27 @@ class Keyspace:
             raise ValueError(f"{key!r} is not a dead-letter stream under {self.prefix!r}")
         return group, stream
 
+    def dead_letter_markers(self, group: str, stream: str) -> str:
+        """Markers of the entries ``group`` dead-lettered for ``stream``: a sorted set,
+        ``<source key>|<entry id>`` -> the time (ms) it is kept until. In the dead-letter
+        stream's slot, so writing an entry at most once is one script
+        (``dead_letter.lua``); one key per dead-letter stream, however many dead letters.
+        Its own family (not under ``dlq:``), so a scan for dead-letter streams never
+        meets it."""
+        return f"{self.prefix}:dlq-written:{{{group}:{stream}}}"
+
+    @staticmethod
+    def dead_letter_marker_member(source: str, entry_id: str) -> str:
+        """The member of :meth:`dead_letter_markers` for entry ``entry_id`` of the key
+        ``source`` (a shard stream or a redelivery stream: their ids may repeat)."""
+        return f"{source}|{entry_id}"
+
     def dead_letter_marker(self, group: str, stream: str, source: str, entry_id: str) -> str:
-        """Marker that entry ``entry_id`` of the key ``source`` (the shard stream or a
-        redelivery stream it was read from) has been dead-lettered by ``group`` (it
-        holds the dead-letter entry's id). In the dead-letter stream's slot (the first
-        hash tag decides; ``source``'s own tag comes after it), so writing the entry at
-        most once is one script (``dead_letter.lua``). Its own family (not under
-        ``dlq:``), so a scan for dead-letter streams never meets one."""
+        """The marker of one dead-lettered entry as earlier versions wrote it: a key of
+        its own per entry (7 days each; a poison storm left millions). Only read now
+        (``dead_letter.lua``), so an entry an older worker dead-lettered is not written
+        again after an upgrade; :meth:`dead_letter_markers` replaces it. In the
+        dead-letter stream's slot (the first hash tag decides)."""
         return f"{self.prefix}:dlq-written:{{{group}:{stream}}}:{source}:{entry_id}"
 
     def idempotency(self, group: str, key: str) -> str:

@@ -69,7 +69,7 @@ def test_each_family_pattern_matches_the_keys_keyspace_builds() -> None:
         "dedup": keys.dedup(shard, "e-1"),
         "redelivery": keys.redelivery(shard, "billing"),
         "dead_letters": keys.dead_letters("billing", "orders"),
-        "markers": keys.dead_letter_marker("billing", "orders", keys.stream(shard), "1-0"),
+        "markers": keys.dead_letter_markers("billing", "orders"),
         "idempotency": keys.idempotency("billing", "k"),
         "control": keys.group_meta("billing"),
         "namespace": keys.namespace(),
@@ -82,6 +82,8 @@ def test_each_family_pattern_matches_the_keys_keyspace_builds() -> None:
         # and a redelivery stream's retry records are redelivery keys).
         assert matched - {family} <= {"control"}, (family, key, matched)
     assert fnmatchcase(keys.redelivery_retries(shard, "billing"), _PATTERNS["redelivery"](keys))
+    legacy = keys.dead_letter_marker("billing", "orders", keys.stream(shard), "1-0")
+    assert fnmatchcase(legacy, _PATTERNS["markers"](keys))
 
 
 def test_the_coordinator_cannot_read_acknowledge_or_delete_messages() -> None:

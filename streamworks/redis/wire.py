@@ -122,13 +122,20 @@ def fold_replies(command: Command, replies: list[Any]) -> Any:
     return executed
 
 
-async def run_batch(redis: Any, commands: Sequence[Command]) -> list[Any]:
+async def run_batch(
+    redis: Any, commands: Sequence[Command], *, tryagain: int | None = None
+) -> list[Any]:
     """Run ``commands`` in one round trip; one reply per command, in order. An error
-    reply is returned as its :class:`ResponseError` (the caller decides)."""
+    reply is returned as its :class:`ResponseError` (the caller decides).
+
+    Args:
+        tryagain: on a cluster, how many ``TRYAGAIN`` replies (a slot migration under
+            way) to follow per command before returning the error (default: many).
+    """
     if not commands:
         return []
     if type(redis) is not Redis:
-        return (await _other_batch(redis, commands, None))[0]
+        return (await _other_batch(redis, commands, None, tryagain))[0]
     return (await _single_batch(redis, commands, None))[0]
 
 
@@ -146,14 +153,21 @@ async def run_batch_wait(
 
 
 async def _other_batch(
-    redis: Any, commands: Sequence[Command], wait: tuple[int, int] | None
+    redis: Any,
+    commands: Sequence[Command],
+    wait: tuple[int, int] | None,
+    tryagain: int | None = None,
 ) -> tuple[list[Any], list[Any]]:
     from streamworks.redis.client import WaitingRedisCluster
 
     if type(redis) in (RedisCluster, WaitingRedisCluster):
-        from streamworks.redis.cluster import run_cluster_batch  # imports wire: a cycle
+        from streamworks.redis.cluster import (  # imports wire: a cycle
+            MAX_REDIRECTS,
+            run_cluster_batch,
+        )
 
-        return await run_cluster_batch(redis, commands, wait=wait)
+        limit = MAX_REDIRECTS if tryagain is None else tryagain
+        return await run_cluster_batch(redis, commands, wait=wait, tryagain=limit)
     # Anything else (a subclass of redis-py's clients, e.g. one recording what it sends,
     # or a pipeline-capable stand-in): its pipeline, as for a single server.
     pipe = redis.pipeline(transaction=False)

@@ -83,6 +83,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "no_cluster(reason): cannot run on a Redis Cluster (skipped there)"
     )
+    config.addinivalue_line(
+        "markers",
+        "acl_refused(reason): with --redis-acl, Redis refusing the role users is what the "
+        "test provokes (a misconfigured process): ACL LOG is not checked",
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -34,7 +34,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 async def cluster(
-    settings: Settings, redis: Any, tmp_path: Path, streamworks_acl: bool
+    settings: Settings,
+    redis: Any,
+    tmp_path: Path,
+    streamworks_acl: bool,
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[Cluster]:
     """Processes on the test's Redis and key prefix (``redis`` cleans the prefix after
     they are all dead). With ``--redis-acl`` coordinators, workers and producers log in
@@ -42,8 +46,11 @@ async def cluster(
     async with contextlib.AsyncExitStack() as stack:
         role_urls: dict[str, str] = {}
         if streamworks_acl:
+            provoked = request.node.get_closest_marker("acl_refused") is not None
             users = await stack.enter_async_context(
-                open_role_users(redis, settings.redis_url, settings.key_prefix)
+                open_role_users(
+                    redis, settings.redis_url, settings.key_prefix, check_log=not provoked
+                )
             )
             role_urls = dict(users.urls)
         procs = Cluster(settings.redis_url, settings.key_prefix, tmp_path, role_urls=role_urls)

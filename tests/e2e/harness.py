@@ -165,7 +165,7 @@ class Cluster:
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
             "STREAMWORKS_REDIS_URL": redis_url,
-            "E2E_RECORD_REDIS_URL": redis_url,  # the instrumented app's records
+            "E2E_RECORD_AS_DEFAULT_USER": "1",  # the test apps' records (apps/__init__.py)
             "STREAMWORKS_KEY_PREFIX": prefix,
             **FAST_TIMERS,
             # Several workers per test (and tests side by side): each worker's HTTP

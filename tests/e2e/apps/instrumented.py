@@ -22,10 +22,8 @@ What a message asks for (its payload, an :class:`Event`):
 Environment: ``E2E_GROUP`` (group, default ``e2e``), ``E2E_SHARDS`` (default 6),
 ``E2E_ORDERING`` (default ``key``), ``E2E_MAX_ATTEMPTS`` (default 2),
 ``E2E_SLEEP`` (seconds every processing takes at least, default 0),
-``E2E_RECORD_REDIS_URL`` (the records are written with a client of this URL, the
-harness's default user: under ``--redis-acl`` the worker's ACL user may touch only
-streamworks' keys, as an application keeps its own data under its own credentials;
-default: the worker's client).
+``E2E_RECORD_AS_DEFAULT_USER`` (the records are written as the default user:
+``tests.e2e.apps.record_url``).
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ from pydantic import BaseModel
 
 from streamworks import App, Context, RetryPolicy
 from streamworks.protocol.shards import ShardId
-from streamworks.redis.client import create_redis
-from streamworks.settings import Settings
+from tests.e2e.apps import record_client
 
 STREAM = "events"
 GROUP = os.environ.get("E2E_GROUP", "e2e")
@@ -80,19 +77,6 @@ return seq
 """
 
 
-_record_client: Any = None
-
-
-def _recorder(worker_redis: Any) -> Any:
-    global _record_client
-    url = os.environ.get("E2E_RECORD_REDIS_URL")
-    if not url:
-        return worker_redis
-    if _record_client is None:
-        _record_client = create_redis(Settings(redis_url=url))
-    return _record_client
-
-
 def log_key(prefix: str) -> str:
     return f"{prefix}:e2e:log"
 
@@ -118,7 +102,7 @@ def slept_key(prefix: str, event_id: str) -> str:
 async def record(event: Event, ctx: Context) -> None:
     entered = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes (Linux)
     conn = ctx.app.connection
-    redis: Any = _recorder(conn.redis)
+    redis: Any = record_client(conn.redis)
     prefix = conn.keyspace.prefix
     message = ctx.message
     fence_key = conn.keyspace.fence(ShardId.parse(message.shard), GROUP)

@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import click
@@ -17,7 +17,12 @@ from redis.exceptions import RedisError
 from streamworks.app import App
 from streamworks.cli.logs import LEVELS, ContextFilter
 from streamworks.cli.logs import configure_logging as _configure_logging
-from streamworks.exceptions import CoordinatorError, StreamworksError
+from streamworks.exceptions import (
+    ConfigurationError,
+    CoordinatorError,
+    NamespaceMismatchError,
+    StreamworksError,
+)
 from streamworks.settings import Settings
 
 __all__ = (
@@ -28,6 +33,7 @@ __all__ = (
     "load_app",
     "logging_options",
     "make_settings",
+    "plural",
     "redis_options",
     "run_async",
     "safe_url",
@@ -36,10 +42,20 @@ __all__ = (
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def fail(message: str, code: int = 1) -> None:
+#: Exit codes, one table for every command (docs/cli.md, tests/e2e/test_exit_codes.py).
+EXIT_FAILED = 1  # the operation failed: Redis or the coordinator unreachable or refusing, ...
+EXIT_USAGE = 2  # fix the command line: usage, a name, a URL, a port in use, --yes needed
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     """Print one clear error line and exit."""
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 shard``, ``2 shards`` (``many`` when adding an s is wrong)."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
 
 
 def redis_options(fn: F) -> F:
@@ -158,10 +174,18 @@ def run_async(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
                 backend_options={"use_uvloop": _has_uvloop()},
             )
         except CoordinatorError as e:
-            fail(f"coordinator: {e.code}: {e.message}")
+            fail(f"coordinator: {e.code}: {e.message}", _coordinator_exit(e))
         except (RedisError, ConnectionError) as e:
             fail(f"Redis: {e}")
+        except NamespaceMismatchError as e:
+            fail(str(e))  # the operation was refused: this Redis is not the coordinator's
+        except ConfigurationError as e:
+            fail(str(e), EXIT_USAGE)  # an unknown name, an invalid selection
         except StreamworksError as e:
+            cause = e.__cause__
+            if isinstance(cause, CoordinatorError) and cause.code == "NOT_FOUND":
+                # A publish's routing wraps the coordinator's answer: say what it means.
+                fail(f"{cause.message} (see streamworks streams ls)", EXIT_USAGE)
             fail(str(e))
         except ValidationError as e:  # a request model refused an argument
             fail(f"invalid argument: {_first_error(e)}", 2)
@@ -169,6 +193,12 @@ def run_async(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
             sys.exit(130)
 
     return wrapper
+
+
+def _coordinator_exit(error: CoordinatorError) -> int:
+    """An unknown stream or group is a mistake on the command line (exit 2), like an
+    invalid name; anything else the coordinator refuses is a failed operation."""
+    return EXIT_USAGE if error.code == "NOT_FOUND" else EXIT_FAILED
 
 
 def _has_uvloop() -> bool:

@@ -524,9 +524,11 @@ class DeadLetters:
         if self._routing is None:
             raise ConfigurationError("a replay needs routing (the coordinator)")
         routing = _ReplayRouting(self._routing, self._namespace, self._where, self.clock)
+        # Another namespace (or no routing) is refused first: in a Redis nobody reads,
+        # "unknown group" would be true and useless.
+        await routing.table(stream)
         key = await self.key(group, stream, replay=True)
         entries = await self._select(key, selection)
-        await routing.table(stream)  # no routing or another namespace: refused before any
         result = ReplayResult(group, stream, dry_run)
         for entry_id, fields in entries:
             dlq_id = entry_id.decode()

@@ -6,7 +6,9 @@ import functools
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import anyio
@@ -26,6 +28,8 @@ from streamworks.exceptions import (
 from streamworks.settings import Settings
 
 __all__ = (
+    "EXIT_FAILED",
+    "EXIT_USAGE",
     "check_redis_url",
     "configure_logging",
     "coordinator_options",
@@ -146,7 +150,16 @@ def load_app(target: str) -> App:
             )
         fail(f"cannot import module {module_name!r}: {e} (is the module path right?)")
     except Exception as e:  # the user's module raised while importing
-        fail(f"importing {module_name!r} failed: {type(e).__name__}: {e}")
+        frames = user_frames(e)
+        where = ""
+        if frames:
+            # The user's own frames, as Python would print them, then the one line.
+            listing = "".join(traceback.format_list(frames))
+            click.echo(
+                f"Traceback (most recent call last; your code only):\n{listing}", err=True, nl=False
+            )
+            where = f" ({frames[-1].filename}, line {frames[-1].lineno})"
+        fail(f"importing {module_name!r} failed: {type(e).__name__}: {e}{where}")
     app = getattr(module, attribute, None)
     if app is None:
         fail(f"module {module_name!r} has no attribute {attribute!r}")
@@ -154,6 +167,22 @@ def load_app(target: str) -> App:
         fail(f"{target} is a {type(app).__name__}, not a streamworks.App")
     assert isinstance(app, App)
     return app
+
+
+#: Frames of these directories are the framework's or the import system's, not the
+#: user's: left out of an import error's traceback.
+_NOT_USER = (str(Path(__file__).resolve().parents[1]), str(Path(importlib.__file__).parent))
+
+
+def user_frames(error: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of ``error``'s traceback that are the user's code: not streamworks',
+    not the import machinery's (``<frozen importlib._bootstrap>`` and friends)."""
+    return [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<frozen ")
+        and not str(Path(frame.filename).resolve()).startswith(_NOT_USER)
+    ]
 
 
 def _is_target(missing: str, module_name: str) -> bool:

@@ -32,7 +32,7 @@ from streamworks.cli.common import (
     redis_options,
     run_async,
 )
-from streamworks.cli.output import echo_json, make_console, stdin_is_terminal
+from streamworks.cli.output import confirm, echo_json, make_console
 from streamworks.dlq import REASONS, DeadLetters, Selection, parse_age
 from streamworks.exceptions import ConfigurationError
 from streamworks.redis.client import create_redis
@@ -118,15 +118,6 @@ def _age(ms: int) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
-
-
-def _confirm(question: str, yes: bool) -> None:
-    if yes:
-        return
-    if not stdin_is_terminal():
-        fail("no terminal to confirm on: pass --yes to delete (or --dry-run to look first)", 2)
-    if not click.confirm(question, default=False):
-        fail("aborted: nothing was deleted")
 
 
 # -- commands -----------------------------------------------------------------------------
@@ -358,7 +349,11 @@ def _remove(
                 count = len(ids)
             if not dry_run and count:
                 what = "every dead letter" if purge else plural(count, "dead letter")
-                _confirm(f"delete {what} of {group}/{stream} ({count})?", yes)
+                confirm(
+                    f"delete {what} of {group}/{stream} ({count})?",
+                    yes=yes,
+                    refused="to delete (or --dry-run to look first)",
+                )
                 if purge:
                     count = await library.purge(group, stream)
                 else:

@@ -29,6 +29,7 @@ from streamworks.cli.common import (
     coordinator_options,
     fail,
     make_settings,
+    plural,
     redis_options,
     run_async,
 )
@@ -206,7 +207,8 @@ async def _publish_lines(
                 try:
                     results = await producer.publish_many(stream, batch)
                 except (StreamworksError, TypeError, ValueError) as e:
-                    fail(f"{e}; {published} messages published before this batch, none after")
+                    done = plural(published, "message")
+                    fail(f"{e}; {done} published before this batch, none after")
                 published += len(results)
                 for result in results:
                     shards[result.shard] += 1
@@ -216,13 +218,14 @@ async def _publish_lines(
             if bad is not None:
                 where = f"{path}:" if path is not None else "stdin line "
                 fail(
-                    f"{where}{bad.number}: {bad.reason}; {published} messages published "
+                    f"{where}{bad.number}: {bad.reason}; {plural(published, 'message')} published "
                     "before it, none after"
                 )
     if not as_json:
         spread = ", ".join(f"{s}: {n}" for s, n in sorted(shards.items()))
         console.print(
-            f"published {published} messages to {stream}" + (f" ({spread})" if spread else "")
+            f"published {plural(published, 'message')} to {stream}"
+            + (f" ({spread})" if spread else "")
         )
 
 

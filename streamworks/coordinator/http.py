@@ -320,6 +320,8 @@ def create_api(service: CoordinatorService) -> FastAPI:
             return _error(ErrorCode.COORDINATOR_TERMINATING, "terminating", 503, True)
         if not await service.redis_ok():
             return _error(ErrorCode.METADATA_UNAVAILABLE, "Redis does not answer", 503, True)
+        if service.identity.problem is not None:  # Redis lost the namespace's data
+            return _error(ErrorCode.METADATA_UNAVAILABLE, service.identity.problem, 503, False)
         return PlainTextResponse("ok")
 
     @api.get("/metrics", response_class=PlainTextResponse)

@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 CLUSTER_TESTS ?= tests/cluster tests/coordinator tests/resharding tests/runtime tests/redis
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv demo test test-cluster lint format docs bench chaos screenshots clean
+.PHONY: venv demo test test-cluster lint format docs bench chaos screenshots constraints clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,16 @@ chaos: venv ## fault injection: 30 min of seeded faults, then the checker (CHAOS
 
 screenshots: venv ## the browser test, saving the dashboard screenshots docs/ shows (needs chromium)
 	STREAMWORKS_SCREENSHOTS=docs/img $(VENV)/bin/pytest -q tests/browser
+
+constraints: ## rebuild deploy/constraints.txt, the Docker image's pinned dependencies
+	rm -rf .constraints-venv
+	$(PYTHON) -m venv .constraints-venv
+	.constraints-venv/bin/pip install -q --disable-pip-version-check .
+	{ sed -n '/^#/p' deploy/constraints.txt; \
+	  .constraints-venv/bin/pip freeze --exclude streamworks --disable-pip-version-check; \
+	} > deploy/constraints.txt.new
+	mv deploy/constraints.txt.new deploy/constraints.txt
+	rm -rf .constraints-venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

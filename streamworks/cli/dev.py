@@ -125,6 +125,8 @@ def dev(
         # STREAMWORKS_TEST_REDIS_URL, which TestRuntime would otherwise pick up).
         try:
             server = EmbeddedRedis().start()
+        except FileNotFoundError as e:
+            fail(str(e))  # what to install, in one line
         except (OSError, RuntimeError) as e:
             fail(f"cannot start an embedded Redis: {e}")
         redis_url = server.url
@@ -156,7 +158,10 @@ def _supervise(
     options: list[str],
 ) -> None:
     """Run ``dev`` without --reload in a child process, restarted on code changes."""
-    import watchfiles
+    try:
+        import watchfiles
+    except ImportError:
+        fail("--reload needs watchfiles: pip install 'streamworks[embedded]'")
 
     if port == 0:
         fail("--reload needs a fixed --port (the URL must survive restarts)", EXIT_USAGE)

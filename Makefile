@@ -44,8 +44,9 @@ $(DOCS_STAMP): $(STAMP)
 	rm -f $(VENV)/.docs-*
 	touch $@
 
-docs: $(DOCS_STAMP) ## the documentation site, built with --strict (a broken link fails) into site/
+docs: $(DOCS_STAMP) ## the documentation site into site/: --strict, then every link of the built pages (a dead one fails; DOCS_EXTERNAL=1 also asks external ones)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	$(PY) -m tests.docs.link_check site $(if $(DOCS_EXTERNAL),--external)
 
 bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt

@@ -10,6 +10,7 @@ URL — which it did.)"""
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -75,7 +76,10 @@ async def test_the_coordinator_says_loudly_that_redis_lost_its_data(
 
     async with httpx.AsyncClient(timeout=2) as http:
         metrics = (await http.get(f"{coordinator.url}/metrics")).text
+        panels = (await http.get(f"{coordinator.url}/ui/panels")).text  # the banner
     assert re.search(r"^streamworks_coordinator_namespace_lost 1\.0$", metrics, re.M), metrics
+    assert 'class="error banner alert"' in panels, panels[:2000]
+    assert problem in html.unescape(panels), panels[:2000]
 
     # Logged at ERROR, and again while it lasts.
     async def logged_twice() -> bool:

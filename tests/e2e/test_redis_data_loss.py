@@ -81,6 +81,16 @@ async def test_the_coordinator_says_loudly_that_redis_lost_its_data(
     assert 'class="error banner alert"' in panels, panels[:2000]
     assert problem in html.unescape(panels), panels[:2000]
 
+    # The dashboard's actions refuse, with the producer's namespace error.
+    async with httpx.AsyncClient(timeout=5) as http:
+        action = await http.post(
+            f"{coordinator.url}/ui/streams/events/scale",
+            headers={"cookie": "sw_ui_csrf=" + "t" * 43},
+            data={"csrf": "t" * 43, "confirm": "yes", "shards": "7"},
+        )
+    assert action.status_code == 503, action.text
+    assert "namespace mismatch" in html.unescape(action.text), action.text
+
     # Logged at ERROR, and again while it lasts.
     async def logged_twice() -> bool:
         errors = [ln for ln in coordinator.output().splitlines() if "ERROR" in ln and LOST in ln]

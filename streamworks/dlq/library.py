@@ -32,328 +32,43 @@ one-line error. This module imports neither the coordinator nor the runtime
 
 from __future__ import annotations
 
-import itertools
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import anyio.lowlevel
 import orjson
 from redis.exceptions import RedisError
 
 from streamworks.clock import Clock
+from streamworks.dlq.records import (
+    DeadLetter,
+    DeadLetterStream,
+    Kept,
+    Replayed,
+    ReplayError,
+    ReplayResult,
+    Selection,
+    entry_ms,
+    field_text,
+)
+from streamworks.dlq.routing import ReplayRouting, RoutingAnswers
 from streamworks.exceptions import (
     BackendError,
     ConfigurationError,
-    CoordinatorError,
-    NoShardsError,
-    RoutingUnavailableError,
     ShardRetiredError,
     StreamworksError,
     UnknownNameError,
 )
-from streamworks.protocol.control import RoutingResponse
-from streamworks.protocol.routing import ROUTING_PROTOCOL, jump_hash, key_hash
-from streamworks.protocol.shards import ShardId, validate_name
+from streamworks.protocol.shards import validate_name
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.namespace import NamespaceCheck
 from streamworks.redis.scripts import Scripts
 
-__all__ = (
-    "REASONS",
-    "DeadLetter",
-    "DeadLetterStream",
-    "DeadLetters",
-    "Kept",
-    "ReplayError",
-    "ReplayResult",
-    "Replayed",
-    "RoutingAnswers",
-    "Selection",
-    "parse_age",
-)
+__all__ = ("DeadLetters",)
 
-#: Why an entry was dead-lettered (the ``reason`` field).
-REASONS = ("max_attempts", "poison", "crashed")
-#: A dead-letter stream's entry id: ``<ms>-<seq>``.
-ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 #: Entry fields of the original message kept in a dead letter (as ``o.<name>``).
 ORIGINAL_FIELDS = (b"v", b"k", b"e", b"h", b"t", b"f")
-_AGE_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _SCAN_BATCH = 500
-
-
-def parse_age(text: str) -> float:
-    """Seconds of an age such as ``90s``, ``15m``, ``2h``, ``1d12h``, ``1w``.
-
-    Raises:
-        ConfigurationError: not an age.
-    """
-    value = str(text).strip().lower()
-    parts = _AGE_PART.findall(value)
-    if not parts or "".join(n + u for n, u in parts) != value:
-        raise ConfigurationError(f"{text!r} is not an age: use e.g. 90s, 15m, 2h, 1d12h, 1w")
-    return sum(float(n) * _UNIT[u] for n, u in parts)
-
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """Which dead letters an operation acts on: ids and/or filters (all must match).
-
-    Build it with :meth:`of`, which checks it; ``Selection()`` is every entry.
-    """
-
-    ids: tuple[str, ...] = ()
-    reasons: tuple[str, ...] = ()
-    error: str | None = None
-    older_than: float | None = None  # seconds
-    newer_than: float | None = None  # seconds
-    limit: int | None = None
-
-    @classmethod
-    def of(
-        cls,
-        ids: Sequence[str] = (),
-        reasons: Sequence[str] = (),
-        error: str | None = None,
-        older_than: float | None = None,
-        newer_than: float | None = None,
-        limit: int | None = None,
-    ) -> Selection:
-        """A checked selection.
-
-        Raises:
-            ConfigurationError: an id that is not a dead-letter id, an unknown reason,
-                an age window nothing can match, or a limit below 1.
-        """
-        for entry_id in ids:
-            if not ENTRY_ID.fullmatch(entry_id):
-                raise ConfigurationError(
-                    f"{entry_id!r} is not a dead-letter id (like 1718000000000-0; see dlq show)"
-                )
-        for reason in reasons:
-            if reason not in REASONS:
-                raise ConfigurationError(f"unknown reason {reason!r}: one of {', '.join(REASONS)}")
-        if older_than is not None and newer_than is not None and newer_than <= older_than:
-            raise ConfigurationError(
-                "--newer-than must be longer ago than --older-than: nothing can match"
-            )
-        if limit is not None and limit < 1:
-            raise ConfigurationError("the limit must be at least 1")
-        error = error or None
-        return cls(tuple(ids), tuple(reasons), error, older_than, newer_than, limit)
-
-    @property
-    def narrowed(self) -> bool:
-        """Whether anything narrows the selection (else it is every entry)."""
-        return bool(
-            self.ids or self.reasons or self.error is not None
-            or self.older_than is not None or self.newer_than is not None
-        )  # fmt: skip
-
-    def matches(self, fields: Mapping[bytes, bytes]) -> bool:
-        """Whether an entry's fields pass the reason and error filters."""
-        if self.reasons and _text(fields, "reason") not in self.reasons:
-            return False
-        return self.error is None or self.error.lower() in _text(fields, "error").lower()
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """One dead-letter entry, decoded for people (the ``--json`` schema of an entry)."""
-
-    id: str
-    reason: str
-    error: str
-    traceback: str | None
-    attempts: int
-    group: str | None
-    stream: str | None
-    shard: str | None
-    entry_id: str | None
-    member: str | None
-    failed_at_ms: int
-    key: str | None
-    event_id: str | None
-    headers: Any
-    payload: str | None
-    fields: Mapping[bytes, bytes] = field(repr=False, compare=False)
-
-    @classmethod
-    def parse(cls, entry_id: bytes, fields: Mapping[bytes, bytes]) -> DeadLetter:
-        headers: Any = None
-        raw_headers = fields.get(b"o.h")
-        if raw_headers is not None:
-            try:
-                headers = orjson.loads(raw_headers)
-            except orjson.JSONDecodeError:
-                headers = raw_headers.decode(errors="replace")
-        payload = fields.get(b"o.v")
-        failed_at = _text(fields, "failed_at")
-        return cls(
-            id=entry_id.decode(),
-            reason=_text(fields, "reason"),
-            error=_text(fields, "error"),
-            traceback=_text(fields, "traceback") or None,
-            attempts=int(_text(fields, "attempts") or 0),
-            group=_text(fields, "group") or None,
-            stream=_text(fields, "stream") or None,
-            shard=_text(fields, "shard") or None,
-            entry_id=_text(fields, "entry_id") or None,
-            member=_text(fields, "member") or None,
-            failed_at_ms=int(failed_at) if failed_at.isdigit() else _ms(entry_id),
-            key=_text(fields, "o.k") if b"o.k" in fields else None,
-            event_id=_text(fields, "o.e") if b"o.e" in fields else None,
-            headers=headers,
-            payload=payload.decode(errors="replace") if payload is not None else None,
-            fields=dict(fields),
-        )
-
-    def as_json(self) -> dict[str, Any]:
-        """JSON-ready data (every attribute but the raw fields)."""
-        return {
-            name: getattr(self, name)
-            for name in self.__dataclass_fields__
-            if name != "fields"  # the raw entry: bytes, and what the rest decodes
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetterStream:
-    """One group's dead-letter stream of one stream."""
-
-    group: str
-    stream: str
-    entries: int
-    oldest_ms: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Replayed:
-    """A dead letter replayed (or, in a dry run, that would be) to ``shard``."""
-
-    id: str
-    shard: str
-    redelivery_id: str | None = None  # None in a dry run
-
-
-@dataclass(frozen=True, slots=True)
-class Kept:
-    """A dead letter left in the dead-letter stream, and why (it cannot be replayed)."""
-
-    id: str
-    why: str
-
-
-@dataclass(slots=True)
-class ReplayResult:
-    """What a replay did (or, with ``dry_run``, would do)."""
-
-    group: str
-    stream: str
-    dry_run: bool
-    replayed: list[Replayed] = field(default_factory=list)
-    kept: list[Kept] = field(default_factory=list)
-
-
-class ReplayError(StreamworksError):
-    """A replay stopped at one entry (routing lost, Redis failed): the entries before it
-    were replayed (and removed from the dead-letter stream), that one and the rest not.
-
-    Attributes:
-        result: what was done before it stopped.
-        stopped_at: the dead-letter id it stopped at.
-    """
-
-    def __init__(self, cause: StreamworksError, result: ReplayResult, stopped_at: str) -> None:
-        done = len(result.replayed)
-        if result.dry_run:
-            tail = "dry run: nothing was replayed or removed"
-        else:
-            tail = (
-                f"{done} replayed before {stopped_at} (each removed from the DLQ once "
-                f"replayed); {stopped_at} and the rest are still in it"
-            )
-        super().__init__(f"{cause}; {tail}")
-        self.result = result
-        self.stopped_at = stopped_at
-
-
-class RoutingAnswers(Protocol):
-    """Who answers routing: ``CoordinatorClient`` (HTTP) or ``CoordinatorService``."""
-
-    async def routing(self, stream: str) -> RoutingResponse: ...
-
-
-@dataclass(slots=True)
-class _Table:
-    """One routing answer, used until its lease ends (never past it, E1)."""
-
-    version: int
-    shards: list[ShardId]
-    protocol: str
-    expires_at: float
-    _round: itertools.count[int] = field(default_factory=itertools.count)
-
-    def target(self, key: str | None, origin: str) -> ShardId:
-        """The key's shard now; an unkeyed entry its origin while routable, else the
-        next shard in turn."""
-        n = len(self.shards)
-        if n == 0:
-            raise NoShardsError(f"the stream has 0 shards (routing v{self.version})")
-        if key is None:
-            for shard in self.shards:
-                if str(shard) == origin:
-                    return shard
-            return self.shards[next(self._round) % n]
-        if self.protocol != ROUTING_PROTOCOL:
-            raise RoutingUnavailableError(f"unsupported routing protocol {self.protocol!r}")
-        return self.shards[jump_hash(key_hash(key), n)]
-
-
-class _ReplayRouting:
-    """Routing tables for one operation, each fetched once and its namespace checked."""
-
-    def __init__(
-        self, answers: RoutingAnswers, namespace: NamespaceCheck | None, where: str, clock: Clock
-    ) -> None:
-        self._answers = answers
-        self._namespace = namespace
-        self._where = where
-        self._clock = clock
-        self._tables: dict[str, _Table] = {}
-
-    async def table(self, stream: str) -> _Table:
-        table = self._tables.get(stream)
-        if table is not None and self._clock.monotonic() < table.expires_at:
-            return table
-        asked = self._clock.monotonic()
-        try:
-            response = await self._answers.routing(stream)
-        except CoordinatorError as e:
-            if e.code == "NOT_FOUND":
-                raise UnknownNameError(
-                    f"unknown stream {stream!r} (see streamworks streams ls)"
-                ) from e
-            raise RoutingUnavailableError(f"no routing for stream {stream!r}: {e}") from e
-        if self._namespace is not None:
-            try:
-                await self._namespace.verify(response.namespace_id, coordinator=self._where)
-            except RedisError as e:
-                raise BackendError(f"namespace check failed: {e}") from e
-        table = _Table(
-            response.routing_version,
-            [ShardId.parse(s.shard) for s in response.shards],
-            response.protocol,
-            asked + response.lease_ms / 1000,
-        )
-        self._tables[stream] = table
-        return table
-
-    def invalidate(self, stream: str) -> None:
-        self._tables.pop(stream, None)
 
 
 class DeadLetters:
@@ -407,7 +122,7 @@ class DeadLetters:
             length = int(await self.redis.xlen(key))
             oldest = await self.redis.xrange(key, count=1)
             rows.append(
-                DeadLetterStream(owner, stream, length, _ms(oldest[0][0]) if oldest else None)
+                DeadLetterStream(owner, stream, length, entry_ms(oldest[0][0]) if oldest else None)
             )
         return sorted(rows, key=lambda r: (r.group, r.stream))
 
@@ -469,7 +184,7 @@ class DeadLetters:
                     missing.append(entry_id)
                     continue
                 rid, fields = found[0]
-                ms = _ms(rid)
+                ms = entry_ms(rid)
                 in_age = (low is None or ms >= low) and (high is None or ms <= high)
                 if in_age and selection.matches(fields):
                     out.append((rid, fields))
@@ -523,7 +238,7 @@ class DeadLetters:
         """
         if self._routing is None:
             raise ConfigurationError("a replay needs routing (the coordinator)")
-        routing = _ReplayRouting(self._routing, self._namespace, self._where, self.clock)
+        routing = ReplayRouting(self._routing, self._namespace, self._where, self.clock)
         # Another namespace (or no routing) is refused first: in a Redis nobody reads,
         # "unknown group" would be true and useless.
         await routing.table(stream)
@@ -538,7 +253,7 @@ class DeadLetters:
                 key_of = _original_key(fields)
                 if dry_run:
                     table = await routing.table(stream)
-                    target = table.target(key_of, _text(fields, "shard"))
+                    target = table.target(key_of, field_text(fields, "shard"))
                     result.replayed.append(Replayed(dlq_id, str(target)))
                     continue
                 shard, redelivery_id = await self._redeliver(routing, group, stream, fields)
@@ -561,7 +276,7 @@ class DeadLetters:
         return result
 
     async def _redeliver(
-        self, routing: _ReplayRouting, group: str, stream: str, fields: Mapping[bytes, bytes]
+        self, routing: ReplayRouting, group: str, stream: str, fields: Mapping[bytes, bytes]
     ) -> tuple[str, str]:
         """Write one entry to the group's redelivery stream of its target shard."""
         args: list[bytes | str] = [group]
@@ -569,10 +284,10 @@ class DeadLetters:
             value = fields.get(b"o." + name)
             if value is not None:
                 args += [name, value]
-        origin = _text(fields, "shard")
+        origin = field_text(fields, "shard")
         key_of = _original_key(fields)
         # Where it came from, for whoever looks at the message (ignored by the decoder).
-        args += [b"r.origin", f"{origin} {_text(fields, 'entry_id')}".encode()]
+        args += [b"r.origin", f"{origin} {field_text(fields, 'entry_id')}".encode()]
         for _ in range(self._max_reroutes):
             table = await routing.table(stream)
             shard = table.target(key_of, origin)
@@ -638,12 +353,3 @@ def _original_key(fields: Mapping[bytes, bytes]) -> str | None:
         ):
             raise ValueError("headers are not an object of strings")
     return key
-
-
-def _text(fields: Mapping[bytes, bytes], name: str) -> str:
-    value = fields.get(name.encode())
-    return value.decode(errors="replace") if value is not None else ""
-
-
-def _ms(entry_id: bytes) -> int:
-    return int(entry_id.split(b"-", 1)[0])

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from typing import Any
 
 import anyio
@@ -31,6 +30,7 @@ from streamworks.cli.common import (
 from streamworks.cli.coordinator import bind_listener
 from streamworks.cli.output import make_console
 from streamworks.cli.render import status_view
+from streamworks.clock import Clock
 from streamworks.coordinator.http import QuietServer, create_api, server_config
 from streamworks.middleware import HandleNext, Middleware
 from streamworks.runtime.message import Context
@@ -51,21 +51,24 @@ class HandledLines(Middleware):
     """One compact log line per handler run: what ``dev`` shows while handlers succeed
     (a worker logs failures, retries and dead letters itself)."""
 
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
+
     async def handle(self, ctx: Context, call_next: HandleNext) -> None:
         message = ctx.message
         key = f" key={message.key}" if message.key is not None else ""
         attempt = f" attempt {message.attempt}" if message.attempt > 1 else ""
-        started = time.perf_counter()
+        started = self.clock.monotonic()
         try:
             await call_next(ctx)
         except Exception as e:
-            took = (time.perf_counter() - started) * 1000
+            took = (self.clock.monotonic() - started) * 1000
             trace.info(
                 "failed  %s %s%s%s in %.1f ms: %s: %s",
                 message.shard, message.id, key, attempt, took, type(e).__name__, e,
             )  # fmt: skip
             raise
-        took = (time.perf_counter() - started) * 1000
+        took = (self.clock.monotonic() - started) * 1000
         trace.info("handled %s %s%s%s in %.1f ms", message.shard, message.id, key, attempt, took)
 
 

@@ -278,3 +278,14 @@ async def test_an_undecodable_entry_is_moved_as_poison_not_dropped(redis: Any, s
     [fields] = await sh.stream_fields()
     assert fields == {"delayed-undecodable": b"\xc1not msgpack"}
     assert await sh.waiting() == []
+
+
+async def test_many_messages_of_one_due_time_keep_their_publish_order(
+    redis: Any, sh: Delayed
+) -> None:
+    at = await redis_now(redis) + HOUR
+    for n in range(20):  # ids past one hex digit: they must still sort as published
+        await sh.add("at", at, *entry(str(n).encode()))
+
+    assert (await sh.move(offset=HOUR + 1000))[1] == 20
+    assert [f["v"] for f in await sh.stream_fields()] == [str(n).encode() for n in range(20)]

@@ -12,8 +12,8 @@ Hash tags decide which keys share a Redis Cluster slot:
 * each group's redelivery stream of a shard (``dlq replay`` writes there, only that
   group's owner of the shard reads it) shares the shard's tag too, so the owner's
   fenced read of it checks the same owner fence;
-* a shard's delayed messages (the delayed set, their entries and the delay id
-  counter) share the shard's tag too, so a delayed publish (``delay_add.lua``) and the
+* a shard's delayed messages (the delayed set, their entries, the delay id counter
+  and the wake stream) share the shard's tag too, so a delayed publish (``delay_add.lua``) and the
   owner's move into the stream (``delay_move.lua``, fenced) are each one script in the
   slot, and ``retire.lua`` sees them as drain blockers;
 * a schedule's tick state lives in the slot of the schedule shard (shard 0 of the
@@ -77,6 +77,11 @@ class Keyspace:
     def delayed_counter(self, shard: ShardId) -> str:
         """Counter the shard's delay ids are taken from (they keep publish order)."""
         return f"{self.shard_tag(shard)}:delayed:seq"
+
+    def delayed_wake(self, shard: ShardId) -> str:
+        """Stream (MAXLEN 1) a delayed publish adds to when its message is the shard's
+        earliest: an idle owner's wait for new entries covers it (``delay_add.lua``)."""
+        return f"{self.shard_tag(shard)}:delayed:wake"
 
     # -- schedules: in the schedule shard's slot --------------------------------------------
     #: The internal stream whose shard 0 carries every group's schedules: its owner for

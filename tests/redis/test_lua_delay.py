@@ -40,6 +40,7 @@ class Delayed:
         self.zset = keyspace.delayed(sid)
         self.entries = keyspace.delayed_entries(sid)
         self.counter = keyspace.delayed_counter(sid)
+        self.wake = keyspace.delayed_wake(sid)
         self.fences = {g: keyspace.fence(sid, g) for g in ("billing", "audit")}
 
     async def create(self) -> None:
@@ -64,7 +65,7 @@ class Delayed:
         offset: int = 0,
         window: int = WINDOW_MS,
     ) -> list[Any]:
-        keys = [self.stream, self.zset, self.entries, self.counter]
+        keys = [self.stream, self.zset, self.entries, self.counter, self.wake]
         if event_id is not None:
             keys.append(self.keyspace.dedup(self.sid, event_id))
         reply = await self.scripts.delay_add(keys=keys, args=[kind, ms, offset, window, *fields])
@@ -145,6 +146,7 @@ async def test_a_retired_shard_takes_no_delayed_message(
         gone.zset,
         gone.entries,
         gone.counter,
+        gone.wake,
         keyspace.dedup(gone.sid, "ev-1"),
     ):
         assert await redis.exists(key) == 0, key
@@ -181,6 +183,19 @@ async def test_delayed_and_immediate_publishes_share_the_dedup_record(
     assert dup[0] == 1
     assert (await sh.add("in", HOUR, *entry(b"v"), event_id="ev-3"))[0] == 0
     assert await sh.waiting() == []
+
+
+async def test_a_new_earliest_message_wakes_the_owner(redis: Any, sh: Delayed) -> None:
+    async def wakes() -> list[int]:
+        return [int(f[b"due"]) for _, f in await redis.xrange(sh.wake)]
+
+    _, _, due1 = await sh.add("in", 2 * HOUR, *entry(b"v"))
+    assert await wakes() == [due1]
+    await sh.add("in", 3 * HOUR, *entry(b"v"))  # later than the head: no wake-up
+    assert await wakes() == [due1]
+    _, _, due3 = await sh.add("in", HOUR, *entry(b"v"))  # the new head
+    assert await wakes() == [due3]  # MAXLEN 1: one entry, the latest
+    assert (await redis.xinfo_stream(sh.wake))["entries-added"] == 2
 
 
 # -- delay_move ---------------------------------------------------------------------------

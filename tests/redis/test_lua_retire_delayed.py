@@ -34,6 +34,7 @@ class Draining:
         self.delayed = keyspace.delayed(self.sid)
         self.entries = keyspace.delayed_entries(self.sid)
         self.counter = keyspace.delayed_counter(self.sid)
+        self.wake = keyspace.delayed_wake(self.sid)
 
     async def create(self) -> None:
         keys = [self.stream, set_key(self.stream)]
@@ -44,7 +45,7 @@ class Draining:
         fields = encode_fields(b"v", "k", None, None, 1)
         return list(
             await self.scripts.delay_add(
-                keys=[self.stream, self.delayed, self.entries, self.counter],
+                keys=[self.stream, self.delayed, self.entries, self.counter, self.wake],
                 args=["in", delay_ms, 0, 0, *fields],
             )
         )
@@ -59,7 +60,7 @@ class Draining:
         # Phase 2's drain_check: the delayed set joins the keys that must be empty, its
         # entries and counter the keys deleted with the shard.
         blockers = [self.redelivery, self.delayed] if with_delayed else [self.redelivery]
-        extra = [self.fence, self.entries, self.counter]
+        extra = [self.fence, self.entries, self.counter, self.wake]
         reply = await self.scripts.retire(
             keys=[self.stream, self.groups, *blockers, *extra], args=[mode, len(blockers), GROUP]
         )
@@ -107,11 +108,11 @@ async def test_once_moved_and_handled_the_shard_retires_with_its_delayed_keys(
     ids = await read_group(redis, sh.stream, GROUP, "m", 10)
     await redis.xack(sh.stream, GROUP, *ids)
     assert await sh.retire() == [1]
-    for key in (sh.stream, sh.delayed, sh.entries, sh.counter, sh.fence):
+    for key in (sh.stream, sh.delayed, sh.entries, sh.counter, sh.wake, sh.fence):
         assert await redis.exists(key) == 0, key
     # A stale producer's delayed publish now fails like XADD NOMKSTREAM.
     assert await sh.add(HOUR) == [-1]
-    assert await redis.exists(sh.delayed, sh.counter) == 0
+    assert await redis.exists(sh.delayed, sh.counter, sh.wake) == 0
 
 
 async def test_an_empty_delayed_set_does_not_block(redis: Any, sh: Draining) -> None:

@@ -25,6 +25,7 @@ def new_keys(ks: Keyspace) -> dict[str, str]:
         "delayed": ks.delayed(SHARD),
         "delayed_entries": ks.delayed_entries(SHARD),
         "delayed_counter": ks.delayed_counter(SHARD),
+        "delayed_wake": ks.delayed_wake(SHARD),
         "schedule_state": ks.schedule_state(sched, "billing", "hourly"),
         "schedules": ks.schedules(sched, "billing"),
         "rate_bucket": ks.rate_bucket("billing", "orders"),
@@ -47,7 +48,7 @@ def old_keys(ks: Keyspace) -> dict[str, str]:
 
 def test_delayed_keys_share_the_shards_slot() -> None:
     stream = slot(KEYS.stream(SHARD))
-    for name in ("delayed", "delayed_entries", "delayed_counter"):
+    for name in ("delayed", "delayed_entries", "delayed_counter", "delayed_wake"):
         assert slot(new_keys(KEYS)[name]) == stream, name
     assert slot(KEYS.dedup(SHARD, "ev")) == stream  # delay_add's dedup record
 
@@ -71,7 +72,12 @@ def test_new_patterns_match_their_family_only() -> None:
     def matching(pattern: str) -> set[str]:
         return {n for n, k in every.items() if fnmatchcase(k, pattern)}
 
-    assert matching(KEYS.delayed_pattern()) == {"delayed", "delayed_entries", "delayed_counter"}
+    assert matching(KEYS.delayed_pattern()) == {
+        "delayed",
+        "delayed_entries",
+        "delayed_counter",
+        "delayed_wake",
+    }
     assert matching(KEYS.schedule_pattern()) == {"schedule_state", "schedules"}
     assert matching(KEYS.rate_pattern()) == {"rate_bucket", "rate_key_bucket"}
     # Shard-slot keys stay under the shard-slot pattern (the worker's and producer's

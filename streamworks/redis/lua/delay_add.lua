@@ -14,7 +14,13 @@
 -- shard cannot gain a delayed message either, so retirement (retire.lua refuses while
 -- the delayed set holds one) never strands one.
 --
--- With an event id and a dedup window, KEYS[5] is the shard's dedup record of the
+-- When the new message is the shard's earliest (the head of the delayed set), one
+-- entry is added to the shard's delay wake stream (MAXLEN 1, never read by a group):
+-- an idle owner's wait for new entries covers that key too (same slot), so it learns
+-- of an earlier due time without polling (BullMQ's delay marker, bee-queue's head
+-- notice: the same idea, on the wait streamworks already has).
+--
+-- With an event id and a dedup window, KEYS[6] is the shard's dedup record of the
 -- event (as in publish_dedup.lua, and shared with it: an event published at once and
 -- again delayed, or the other way round, is one message). It is checked before the
 -- shard's existence, so a retry of an event a retired shard already took is reported
@@ -25,23 +31,25 @@
 -- KEYS[2]  the shard's delayed set (zset)
 -- KEYS[3]  the shard's delayed entries (hash)
 -- KEYS[4]  the shard's delay id counter
--- KEYS[5]  (optional) dedup record of the event id on this shard
+-- KEYS[5]  the shard's delay wake stream
+-- KEYS[6]  (optional) dedup record of the event id on this shard
 -- ARGV[1]  'in' | 'at'
 -- ARGV[2]  ms: after Redis now ('in'), or since the Unix epoch ('at')
 -- ARGV[3]  clock offset ms (0 in production; tests fast-forward with it)
--- ARGV[4]  dedup window ms (with KEYS[5]; ignored without)
+-- ARGV[4]  dedup window ms (with KEYS[6]; ignored without)
 -- ARGV[5..] field, value, ... of the entry
 --
 -- Returns  {1, entry_id, due}   due already: added to the stream now
 --          {2, delay_id, due}   stored: it enters the stream when due
 --          {0, previous}        duplicate: the dedup record's value (see above)
 --          {-1}                 the shard key does not exist (retired): re-route
-if KEYS[5] then
-  local prev = redis.call('GET', KEYS[5])
+local dedup = KEYS[6]
+if dedup then
+  local prev = redis.call('GET', dedup)
   if prev then
     -- Rewritten as it is: a write, so a WAIT after this call covers the earlier one
     -- (see publish_dedup.lua).
-    redis.call('SET', KEYS[5], prev, 'KEEPTTL')
+    redis.call('SET', dedup, prev, 'KEEPTTL')
     return {0, prev}
   end
 end
@@ -57,13 +65,17 @@ fields[#fields + 1] = string.format('%d', due)
 local window = tonumber(ARGV[4]) or 0
 if due <= now then
   local id = redis.call('XADD', KEYS[1], 'NOMKSTREAM', '*', unpack(fields))
-  if KEYS[5] and window > 0 then redis.call('SET', KEYS[5], id, 'PX', window) end
+  if dedup and window > 0 then redis.call('SET', dedup, id, 'PX', window) end
   return {1, id, due}
 end
 local id = string.format('%016x', redis.call('INCR', KEYS[4]))
 redis.call('ZADD', KEYS[2], due, id)
 redis.call('HSET', KEYS[3], id, cmsgpack.pack(fields))
-if KEYS[5] and window > 0 then
-  redis.call('SET', KEYS[5], 'delayed:' .. id, 'PX', due - now + window)
+local head = redis.call('ZRANGE', KEYS[2], 0, 0)
+if head[1] == id then
+  redis.call('XADD', KEYS[5], 'MAXLEN', '1', '*', 'due', string.format('%d', due))
+end
+if dedup and window > 0 then
+  redis.call('SET', dedup, 'delayed:' .. id, 'PX', due - now + window)
 end
 return {2, id, due}

@@ -11,8 +11,10 @@
 -- asks again for those beyond the horizon.
 --
 -- The buckets of one handler share a hash tag (one slot), so one call covers every
--- key of a batch. A bucket expires when its tat has passed: an expired bucket and an
--- idle one allow the same (a full burst).
+-- key of a batch. A bucket expires a second after its tat has passed: an expired bucket
+-- and an idle one allow the same (a full burst; a tat in the past counts as now), and
+-- the second of slack keeps a bucket whose clock a test moved (the offset) from
+-- depending on how fast real time passes between two calls.
 --
 -- KEYS[1..n]  buckets
 -- ARGV[1]     interval ms (period / count, decimal text)
@@ -41,7 +43,7 @@ for i = 1, #KEYS do
   if granted > 0 then
     tat = tat + granted * interval
     redis.call('SET', KEYS[i], string.format('%.6f', tat),
-               'PX', math.floor(tat - now) + 1)
+               'PX', math.floor(tat - now) + 1000)
   end
   out[#out + 1] = granted
   out[#out + 1] = string.format('%.6f', base)

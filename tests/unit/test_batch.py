@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamworks.batch import MAX_BATCH_SIZE, Batch, ItemOutcome, settle_batch
@@ -61,6 +61,7 @@ def test_a_failure_index_outside_the_batch_is_a_bug() -> None:
         settle_batch(["a"], [1])
 
 
+@settings(deadline=None)  # CPU-bound examples on a shared machine
 @given(
     st.lists(st.sampled_from(["a", "b", "c", None]), max_size=40).flatmap(
         lambda lanes: st.tuples(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamworks.delay import MAX_DELAY, Due, due_from
@@ -69,6 +69,7 @@ def test_bad_delays_are_refused_clearly(kwargs: dict[str, object], words: str) -
         due_from(**kwargs, now=NOW)  # type: ignore[arg-type]
 
 
+@settings(deadline=None)  # CPU-bound examples on a shared machine
 @given(st.timedeltas(min_value=timedelta(0), max_value=MAX_DELAY))
 def test_a_delay_never_rounds_early(delay: timedelta) -> None:
     due = due_from(delay)
@@ -97,6 +98,7 @@ def test_bad_durations_are_refused(text: str) -> None:
         parse_duration(text)
 
 
+@settings(deadline=None)  # CPU-bound examples on a shared machine
 @given(st.integers(1, 10**12))
 def test_durations_format_and_read_back(ms: int) -> None:
     value = timedelta(milliseconds=ms)

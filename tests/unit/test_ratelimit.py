@@ -8,7 +8,7 @@ import bisect
 from datetime import timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamworks.exceptions import ConfigurationError
@@ -86,6 +86,7 @@ def test_nothing_is_granted_beyond_the_horizon() -> None:
         reserve(None, 0, 1, limit, -1)
 
 
+@settings(deadline=None)  # CPU-bound examples on a shared machine
 @given(
     st.sampled_from(["200/s", "10/s", "3/100ms", "7/2s"]),
     st.integers(1, 5),
@@ -117,6 +118,7 @@ def test_no_window_holds_more_than_burst_plus_its_share(
             assert inside <= burst + width / t + 1e-9
 
 
+@settings(deadline=None)  # CPU-bound examples on a shared machine
 @given(st.sampled_from(["200/s", "10/s", "3/100ms"]), st.integers(1, 3))
 def test_a_backlog_starts_at_the_limit(spec: str, members: int) -> None:
     limit = RateLimit.parse(spec)

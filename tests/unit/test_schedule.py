@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamworks.exceptions import ConfigurationError
@@ -47,6 +47,7 @@ periods = st.integers(1, 7 * 24 * 3600).map(lambda s: timedelta(seconds=s))
 instants = st.integers(0, 2**41)
 
 
+@settings(deadline=None)  # CPU-bound examples on a shared machine
 @given(periods, instants, st.integers(0, 2**33))
 def test_every_next_tick_is_the_first_grid_point_after(
     period: timedelta, after: int, anchor_ms: int
@@ -59,6 +60,7 @@ def test_every_next_tick_is_the_first_grid_point_after(
     assert (tick - anchor_ms) % p == 0
 
 
+@settings(deadline=None)  # CPU-bound examples on a shared machine
 @given(
     periods,
     instants,
@@ -156,6 +158,7 @@ def test_an_interval_in_the_repeated_hour_runs_in_both() -> None:
     ]
 
 
+@settings(deadline=None)  # CPU-bound examples on a shared machine
 @given(st.integers(ms(datetime(2020, 1, 1, tzinfo=UTC)), ms(datetime(2035, 1, 1, tzinfo=UTC))))
 def test_cron_agrees_with_a_minute_by_minute_scan(after: int) -> None:
     s = Schedule(cron="7,37 */3 * * *")

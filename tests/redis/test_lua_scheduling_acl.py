@@ -43,7 +43,7 @@ def proposed(role: Role, prefix: str) -> list[str]:
             f"(~{keys.schedule_pattern()} +hsetnx +hmget +sadd)",
             f"(~{keys.rate_pattern()} +get +set +evalsha +eval)",
         ]
-    return ["+type", "+zcard"]
+    return ["+zcard"]
 
 
 @pytest.fixture(scope="module")

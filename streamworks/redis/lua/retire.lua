@@ -29,7 +29,7 @@
 -- Replayed dead letters (``dlq replay``) wait in each group's redelivery stream of the
 -- shard, read by the shard's owner and deleted once handled: one that still holds an
 -- entry keeps the shard (retiring it would delete a message nobody handled). So does
--- the shard's delayed set (a sorted set among those keys, told apart by its type) while
+-- the shard's delayed set (a sorted set among those keys, which XLEN refuses) while
 -- it holds a delayed message: the shard's owner moves it into the stream when it is
 -- due, and only then can it be read and the shard drained.
 --
@@ -91,19 +91,19 @@ for _, name in ipairs(order) do
   end
 end
 for i = 3, 2 + redeliveries do
-  if redis.call('TYPE', KEYS[i])['ok'] == 'zset' then
-    -- The shard's delayed set (delay_add.lua): messages not in the stream yet.
+  local waiting = redis.pcall('XLEN', KEYS[i])
+  if type(waiting) == 'table' then
+    -- Not a stream (WRONGTYPE): the shard's delayed set (delay_add.lua), messages not
+    -- in the stream yet. (Told apart this way, not with TYPE, so a caller that passes
+    -- only redelivery streams needs no permission it did not need before.)
     local delayed = redis.call('ZCARD', KEYS[i])
     if delayed > 0 then
       local head = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
       reasons[#reasons + 1] = KEYS[i] .. ' holds ' .. delayed
         .. ' delayed message(s) not in the stream yet (next due at ' .. head[2] .. ' ms)'
     end
-  else
-    local waiting = redis.call('XLEN', KEYS[i])
-    if waiting > 0 then
-      reasons[#reasons + 1] = KEYS[i] .. ' holds ' .. waiting .. ' replayed dead letter(s) not handled yet'
-    end
+  elseif waiting > 0 then
+    reasons[#reasons + 1] = KEYS[i] .. ' holds ' .. waiting .. ' replayed dead letter(s) not handled yet'
   end
 end
 local repaired = {}

@@ -33,6 +33,8 @@ ScriptCall = tuple[str, Sequence[Arg], Sequence[Arg]]
 SCRIPT_NAMES = (
     "claim",
     "dead_letter",
+    "delay_add",
+    "delay_move",
     "fence",
     "group_commit",
     "group_create",
@@ -43,6 +45,7 @@ SCRIPT_NAMES = (
     "mutex_renew",
     "prune_consumers",
     "publish_dedup",
+    "rate_take",
     "read",
     "read_gate",
     "read_ungate",
@@ -50,6 +53,7 @@ SCRIPT_NAMES = (
     "redelivery_done",
     "retire",
     "retry_record",
+    "schedule_tick",
     "shard_create",
     "shard_groups",
     "stream_commit",
@@ -90,6 +94,8 @@ class Scripts:
 
     claim: AsyncScript
     dead_letter: AsyncScript
+    delay_add: AsyncScript
+    delay_move: AsyncScript
     fence: AsyncScript
     group_commit: AsyncScript
     group_create: AsyncScript
@@ -100,6 +106,7 @@ class Scripts:
     mutex_renew: AsyncScript
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
+    rate_take: AsyncScript
     read: AsyncScript
     read_gate: AsyncScript
     read_ungate: AsyncScript
@@ -107,6 +114,7 @@ class Scripts:
     redelivery_done: AsyncScript
     retire: AsyncScript
     retry_record: AsyncScript
+    schedule_tick: AsyncScript
     shard_create: AsyncScript
     shard_groups: AsyncScript
     stream_commit: AsyncScript

@@ -17,13 +17,13 @@ from redis.exceptions import NoPermissionError
 
 from streamworks import App, Record, RetryPolicy
 from streamworks.coordinator import provision
+from streamworks.dlq import DeadLetters, Selection
 from streamworks.exceptions import PublishNotDurableError
 from streamworks.protocol.control import UnsubscribeRequest
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import ReadStatus, Scripts
-from streamworks.runtime.redelivery import redeliver
 from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
 from streamworks.testing.acl import open_role_users
@@ -92,17 +92,9 @@ async def test_every_path_of_every_role_runs_as_its_user(
         # Replay it (an operator's `dlq replay`, as the default user) to the group only:
         # the worker reads it from the redelivery stream, handles it, acks and removes it.
         poison.clear()
-        dead_key = rt.keyspace.dead_letters("billing", "orders")
-        [(_, fields)] = await rt.redis.xrange(dead_key)
-        await redeliver(
-            rt.redis,
-            Scripts(rt.redis),
-            rt.keyspace,
-            rt.connection.routing,
-            "billing",
-            "orders",
-            fields,
-        )
+        operator = DeadLetters(rt.redis, rt.keyspace, routing=rt.service)
+        done = await operator.replay("billing", "orders", Selection.of(ids=[dead.entry_id]))
+        assert len(done.replayed) == 1, done
         await wait_for(lambda: handled.count(7) == 1, message="the replayed dead letter handled")
         try:  # durable publishing: WAIT (no replica on a single server: not durable)
             await app.publish("orders", {"n": 100}, key="100", min_replicas=1, replica_timeout=0.05)

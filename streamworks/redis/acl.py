@@ -50,6 +50,7 @@ __all__ = (
     "Path",
     "Role",
     "acl_rules",
+    "compile_rules",
     "script_commands",
     "setuser_command",
 )
@@ -71,6 +72,9 @@ Family = Literal[
     "idempotency",  # the default idempotency store
     "control",  # every control-plane key
     "namespace",  # the namespace id (a control-plane key)
+    "delayed",  # a shard's delayed messages: set, entries, counter, wake stream
+    "schedule",  # schedule tick state and names (the schedule shard's slot)
+    "rate",  # rate-limit buckets
 ]
 
 _PATTERNS: dict[Family, Callable[[Keyspace], str]] = {
@@ -86,6 +90,9 @@ _PATTERNS: dict[Family, Callable[[Keyspace], str]] = {
     "idempotency": Keyspace.idempotency_pattern,
     "control": Keyspace.control_pattern,
     "namespace": Keyspace.namespace,
+    "delayed": Keyspace.delayed_pattern,
+    "schedule": Keyspace.schedule_pattern,
+    "rate": Keyspace.rate_pattern,
 }
 
 
@@ -129,6 +136,14 @@ _PUBLISH = (
     Path("publish", ("stream",), ("xadd",)),
     Path("idempotent publish", ("stream", "dedup"), scripts=("publish_dedup",)),
     Path("durable publish and dead letters (min_replicas)", commands=("wait",)),
+    # Issue 21 (delays, schedules, rate limits): the scripts exist and are proven under
+    # these grants (tests/redis/test_lua_scheduling_acl.py); the runtime calls them from
+    # its phase 2 on (docs/design/scheduling.md).
+    Path(
+        "delayed publish",
+        ("stream", "delayed", "delayed", "delayed", "delayed", "dedup"),
+        scripts=("delay_add",),
+    ),
 )
 
 PATHS: dict[Role, tuple[Path, ...]] = {
@@ -174,6 +189,14 @@ PATHS: dict[Role, tuple[Path, ...]] = {
         ),
         Path("idempotency store", ("idempotency",), ("set", "get", "del", "pexpire")),
         *_PUBLISH,
+        # Issue 21, phase 2 (see _PUBLISH).
+        Path(
+            "delayed messages due: into the stream",
+            ("stream", "fence", "delayed", "delayed"),
+            scripts=("delay_move",),
+        ),
+        Path("schedule ticks", ("fence", "schedule", "schedule"), scripts=("schedule_tick",)),
+        Path("rate limits", rest=("rate",), scripts=("rate_take",)),
     ),
     "producer": (_CONNECT, _SCRIPT_CACHE, _NAMESPACE, *_PUBLISH),
     "coordinator": (
@@ -211,10 +234,23 @@ PATHS: dict[Role, tuple[Path, ...]] = {
             "drain check, lag repair and retirement",
             ("stream", "groups"),
             scripts=("retire",),
-            rest=("redelivery", "fence", "retries"),
+            rest=("redelivery", "delayed", "fence", "retries"),
         ),
         Path("positions (status, drain)", ("stream",), ("xlen", "xinfo|groups", "xinfo|stream")),
         Path("dead-letter counts (status, dashboard)", ("dead_letters",), ("xlen",)),
+        # The dashboard's dead-letter actions (coordinator/dashboard/actions.py, the
+        # library of streamworks.dlq): on an admin's request only, the one place a
+        # coordinator reads messages — dead letters, never a shard's (E24).
+        Path(
+            "dashboard: list, show and delete dead letters (admin)",
+            ("dead_letters",),
+            ("exists", "xrange", "xdel", "del"),
+        ),
+        Path(
+            "dashboard: replay a dead letter to its group only (admin)",
+            ("stream", "redelivery"),
+            scripts=("redeliver",),
+        ),
     ),
 }
 
@@ -230,6 +266,19 @@ _UNPACK = re.compile(r"^unpack\(\s*KEYS\s*(?:,\s*(\d+)\s*)?\)$")
 #: helper's name (its calls are read as ``redis.call``'s are). A call by a variable
 #: anywhere else is refused by :func:`script_grants`.
 _HELPERS = {"group_commit": "each_chunk"}
+
+
+_LOCAL = re.compile(r"^\s*local\s+([\w\s,]+?)\s*=\s*(.+)$", re.MULTILINE)
+
+
+def _key_aliases(source: str) -> dict[str, str]:
+    """Local names a script gives its keys (``local state = KEYS[2]``, also in a
+    multiple assignment): each name -> its ``KEYS[n]``."""
+    aliases: dict[str, str] = {}
+    for names, values in _LOCAL.findall(source):
+        pairs = zip(names.split(","), values.split(","), strict=False)
+        aliases |= {n.strip(): v.strip() for n, v in pairs if _KEY_AT.match(v.strip())}
+    return aliases
 
 
 def _arguments(source: str, start: int) -> tuple[list[str], int]:
@@ -271,6 +320,7 @@ def _script_calls(name: str) -> list[_Call]:
         line.split("--", 1)[0] if not line.lstrip().startswith("--") else ""
         for line in load_script(name).splitlines()
     )
+    aliases = _key_aliases(source)
     starts = [m.end() for m in _CALL.finditer(source)]
     helper = _HELPERS.get(name)
     if helper is not None:
@@ -290,6 +340,7 @@ def _script_calls(name: str) -> list[_Call]:
         keys: list[frozenset[int | None]] = []
         many = False
         for arg in rest:
+            arg = aliases.get(arg, arg)
             if (at := _KEY_AT.match(arg)) is not None:
                 keys.append(frozenset({int(at.group(1))}))
             elif (unpacked := _UNPACK.match(arg)) is not None:
@@ -349,6 +400,13 @@ def _grants(path: Path) -> Iterable[tuple[frozenset[Family], str]]:
                 yield frozenset().union(*families), call.command
 
 
+def compile_rules(paths: Iterable[Path], prefix: str = "sw") -> list[str]:
+    """The ACL rules granting exactly ``paths`` for keys under ``prefix``: what
+    :func:`acl_rules` gives a role, for any set of paths (a test proves a path's grants
+    are needed by leaving it out)."""
+    return ["resetkeys", "resetchannels", "-@all", *_compile(paths, Keyspace(prefix))]
+
+
 def _compile(paths: Iterable[Path], keys: Keyspace) -> list[str]:
     root: set[str] = set()
     selectors: dict[tuple[Family, ...], set[str]] = {}
@@ -367,7 +425,7 @@ def _compile(paths: Iterable[Path], keys: Keyspace) -> list[str]:
 
 def acl_rules(role: Role, prefix: str = "sw") -> list[str]:
     """The ACL rules of ``role`` for keys under ``prefix`` (without user and password)."""
-    return ["resetkeys", "resetchannels", "-@all", *_compile(PATHS[role], Keyspace(prefix))]
+    return compile_rules(PATHS[role], prefix)
 
 
 def setuser_command(role: Role, user: str, password: str, prefix: str = "sw") -> list[str]:

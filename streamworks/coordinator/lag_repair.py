@@ -122,20 +122,18 @@ class ActiveLagRepair:
         redis = self.store.redis
         try:
             if isinstance(redis, RedisCluster):
-                # Replicas too: a failover promotes one.
-                replies: list[Any] = list(
-                    (await redis.execute_command("HELLO", target_nodes=redis.get_nodes())).values()
-                )
+                if redis._initialize:  # the node list is loaded on first use
+                    await redis.initialize()
+                # Every node the client knows, replicas too where it lists them.
+                raw = await redis.execute_command("HELLO", target_nodes=redis.get_nodes())
+                replies = list(raw.values()) if not _is_hello(raw) else [raw]
             else:
                 replies = [await redis.execute_command("HELLO")]
+            servers = [_server(reply) for reply in replies]
         except Exception as e:  # cannot tell: repair (it never harms)
             log.warning("could not ask Redis which server it is (%s): lag repair stays on", e)
             return True
-        servers = []
-        for reply in replies:
-            info = {_text(k): _text(v) for k, v in dict(reply).items()}
-            servers.append((info.get("server", ""), info.get("version", "")))
-        return any(loses_entries_read(server, version) for server, version in servers)
+        return not servers or any(loses_entries_read(*server) for server in servers)
 
     async def maybe_repair(self, name: str, meta: StreamMeta) -> int:
         """Repair the ACTIVE shards of ``name`` when its pass is due and needed; the
@@ -176,6 +174,18 @@ class ActiveLagRepair:
                 self.metrics.drain_repairs.labels(name).inc()
                 log.warning("stream %s: active %s: %s", name, shard, check.reason)
         return repaired
+
+
+def _is_hello(reply: Any) -> bool:
+    """Whether ``reply`` is one ``HELLO`` answer (not a node -> answer map)."""
+    return isinstance(reply, dict) and any(_text(k) == "server" for k in reply)
+
+
+def _server(reply: Any) -> tuple[str, str]:
+    """``(server, version)`` of one ``HELLO`` answer (a map, or RESP2's flat list)."""
+    items = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=False)
+    info = {_text(k): v for k, v in items}
+    return _text(info.get("server", "")), _text(info.get("version", ""))
 
 
 def _text(value: Any) -> str:

@@ -415,8 +415,9 @@ class ShardReader:
         await self._idle.wait()
 
 
-#: How servers word an ACL refusal (NOPERM; inside a script: Valkey, then Redis 7).
-_DENIED = ("NOPERM", "ACL failure in script", "can't run this command")
+#: How servers word an ACL refusal (NOPERM; inside a script: Valkey, then Redis 7 for a
+#: command and for a key).
+_DENIED = ("NOPERM", "ACL failure in script", "can't run this command", "can't access")
 
 
 def read_error_reason(error: BaseException) -> str:

@@ -32,7 +32,7 @@ from tests.support import wait_for
 
 pytestmark = pytest.mark.cluster  # also on a Redis Cluster: users on every node
 
-_REFUSED = ("NOPERM", "no permissions", "ACL failure", "can't run this command")
+_REFUSED = ("NOPERM", "no permissions", "ACL failure", "can't run this command", "can't access")
 
 
 def _refusals(caplog: pytest.LogCaptureFixture) -> list[str]:

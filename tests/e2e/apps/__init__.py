@@ -20,6 +20,8 @@ def record_url() -> str | None:
     if not url or not os.environ.get("E2E_RECORD_AS_DEFAULT_USER"):
         return None
     parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return None  # the worker logs in as the default user already: its own client
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
 
 

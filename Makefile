@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 CLUSTER_TESTS ?= tests/cluster tests/coordinator tests/resharding tests/runtime tests/redis
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv demo test test-cluster lint format docs bench chaos screenshots clean
+.PHONY: venv demo test test-cluster lint format docs model bench chaos screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,9 @@ $(DOCS_STAMP): $(STAMP)
 
 docs: $(DOCS_STAMP) ## the documentation site, built with --strict (a broken link fails) into site/
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+model: ## the Quint model of the protocol: typecheck, witness tests, seeded exploration (spec/run.sh)
+	spec/run.sh
 
 bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt

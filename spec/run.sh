@@ -11,6 +11,7 @@
 # TypeScript backend: the default Rust one downloads a binary at run time. Without
 # node/npm the whole thing is skipped with one line. Knobs (environment):
 #   MODEL_SAMPLES (600)  MODEL_STEPS (40)  MODEL_SEED (20261202)  traces of the safety run
+#   MODEL_FAILOVER_SAMPLES (300)                                  traces of the failover run
 #   MODEL_LIVE_SAMPLES (60)                                       traces of the liveness run
 #   MODEL_CX_SAMPLES (20000)  MODEL_CX_NEW_SAMPLES (600)           counterexample searches
 set -euo pipefail
@@ -23,6 +24,7 @@ fi
 
 mode=${1:-check}
 SAMPLES=${MODEL_SAMPLES:-600}
+FAILOVER_SAMPLES=${MODEL_FAILOVER_SAMPLES:-300}
 STEPS=${MODEL_STEPS:-40}
 SEED=${MODEL_SEED:-20261202}
 LIVE_SAMPLES=${MODEL_LIVE_SAMPLES:-60}
@@ -77,19 +79,26 @@ check() {
   fi
   grep -E 'passing' "$out/test.log" | sed 's/^ */  /'
 
-  say "safety: $SAMPLES traces x $STEPS steps, seed $SEED; liveness: $LIVE_SAMPLES traces x $LIVE_STEPS steps (two processes)"
+  say "safety: $SAMPLES traces x $STEPS steps (seed $SEED), failovers: $FAILOVER_SAMPLES x $STEPS," \
+    "liveness: $LIVE_SAMPLES x $LIVE_STEPS"
   local rc=0
-  # Two cores: the safety and the liveness exploration run side by side.
+  # The explorations run side by side (CI has two cores). `step` interleaves every
+  # action and fault; `stepFailoverSearch` goes deep into grants, moves and failovers
+  # (the search that finds counterexample c with the old rules).
   simulate safety --init init --step step --max-samples "$SAMPLES" --max-steps "$STEPS" \
     --seed "$SEED" --invariants $SAFETY --witnesses $WITNESSES &
   local safety=$!
+  simulate failovers --init init --step stepFailoverSearch --max-samples "$FAILOVER_SAMPLES" \
+    --max-steps "$STEPS" --seed "$((SEED + 2))" --invariants $SAFETY &
+  local failovers=$!
   simulate liveness --init init --step stepLive --max-samples "$LIVE_SAMPLES" \
     --max-steps "$LIVE_STEPS" --seed "$((SEED + 1))" --invariant BoundedDelivery &
   local liveness=$!
   wait "$safety" || rc=1
+  wait "$failovers" || rc=1
   wait "$liveness" || rc=1
   if [ "$rc" -ne 0 ]; then
-    cat "$out"/safety.log "$out"/liveness.log | tail -n 80
+    cat "$out"/safety.log "$out"/failovers.log "$out"/liveness.log | tail -n 80
     say "FAILED: an invariant was violated (rerun with the seed above; spec/trace.py prints an --out-itf trace)"
     exit 1
   fi

@@ -66,6 +66,21 @@ def group(c: dict[str, Any]) -> str:
     return f"group e{g['groupEpoch']}/t{g['targetEpoch']}/mv{g['metadataVersion']} [{'; '.join(recs)}] fences[{fences}]"
 
 
+def event(e: Any) -> str:
+    """The last protocol event, in words."""
+    if not isinstance(e, dict):
+        return ""
+    kind, v = next(iter(e.items()))
+    if kind == "Answer":
+        return f"answered {v['member']}: {v['status']}"
+    if kind == "Publish":
+        return f"published to shard {v['shard']}" + ("" if v["inLayout"] else " (NOT IN THE LAYOUT)")
+    grant = f"newest grant {v['grant']['token']}:{v['grant']['member']}"
+    lease = "" if v["leaseValid"] else ", lease ended"
+    verb = "reads" if kind == "Read" else "handles an entry of"
+    return f"{v['member']} {verb} shard {v['shard']} under token {v['token']} ({grant}{lease})"
+
+
 def main(path: str) -> int:
     with open(path, encoding="utf-8") as f:
         states = json.load(f)["states"]
@@ -79,9 +94,9 @@ def main(path: str) -> int:
             "members": members(w),
             "primary": group(w["primary"]),
             "replica": "replica=primary" if w["replica"] == w["primary"] else "replica: " + group(w["replica"]),
-            "event": f"event {w['event']}",
+            "event": event(w["event"]),
         }
-        changed = [v for k, v in view.items() if previous.get(k) != v]
+        changed = [v for k, v in view.items() if v and previous.get(k) != v]
         print(f"{i:3d} {now:>6} {a['name']} {' '.join(args)}")
         for line in changed:
             print(f"           {line}")

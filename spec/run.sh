@@ -12,7 +12,7 @@
 # node/npm the whole thing is skipped with one line. Knobs (environment):
 #   MODEL_SAMPLES (600)  MODEL_STEPS (40)  MODEL_SEED (20261202)  traces of the safety run
 #   MODEL_FAILOVER_SAMPLES (300)                                  traces of the failover run
-#   MODEL_LIVE_SAMPLES (60)                                       traces of the liveness run
+#   MODEL_LIVE_SAMPLES (100)                                      traces of the liveness run
 #   MODEL_CX_SAMPLES (20000)  MODEL_CX_NEW_SAMPLES (600)           counterexample searches
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -27,7 +27,7 @@ SAMPLES=${MODEL_SAMPLES:-600}
 FAILOVER_SAMPLES=${MODEL_FAILOVER_SAMPLES:-300}
 STEPS=${MODEL_STEPS:-40}
 SEED=${MODEL_SEED:-20261202}
-LIVE_SAMPLES=${MODEL_LIVE_SAMPLES:-60}
+LIVE_SAMPLES=${MODEL_LIVE_SAMPLES:-100}
 CX_SAMPLES=${MODEL_CX_SAMPLES:-20000}
 CX_NEW_SAMPLES=${MODEL_CX_NEW_SAMPLES:-600}
 

@@ -62,8 +62,11 @@ def group(c: dict[str, Any]) -> str:
         if r["quarantined"]:
             extra += f" quarantined{r['quarantined']}<{r['quarantineUntil']}"
         recs.append(f"{m}:{r['state']} e{r['epoch']} {{{assigned}}}{extra}")
-    fences = ",".join(f"{s}={f['token']}:{f['member']}" for s, f in sorted(c["fences"].items()) if f["token"])
-    return f"group e{g['groupEpoch']}/t{g['targetEpoch']}/mv{g['metadataVersion']} [{'; '.join(recs)}] fences[{fences}]"
+    fences = ",".join(
+        f"{s}={f['token']}:{f['member']}" for s, f in sorted(c["fences"].items()) if f["token"]
+    )
+    epochs = f"e{g['groupEpoch']}/t{g['targetEpoch']}/mv{g['metadataVersion']}"
+    return f"group {epochs} [{'; '.join(recs)}] fences[{fences}]"
 
 
 def event(e: Any) -> str:
@@ -74,7 +77,9 @@ def event(e: Any) -> str:
     if kind == "Answer":
         return f"answered {v['member']}: {v['status']}"
     if kind == "Publish":
-        return f"published to shard {v['shard']}" + ("" if v["inLayout"] else " (NOT IN THE LAYOUT)")
+        return f"published to shard {v['shard']}" + (
+            "" if v["inLayout"] else " (NOT IN THE LAYOUT)"
+        )
     grant = f"newest grant {v['grant']['token']}:{v['grant']['member']}"
     lease = "" if v["leaseValid"] else ", lease ended"
     verb = "reads" if kind == "Read" else "handles an entry of"
@@ -89,17 +94,21 @@ def main(path: str) -> int:
         w = plain(state["w"])
         a = w["act"]
         args = [str(x) for x in (a["who"], a["shard"], a["value"]) if x not in ("", -1)]
-        now = f"t={w['now']}" + (f" redis={w['now'] + w['clockOffset']}" if w["clockOffset"] else "")
+        now = f"t={w['now']}" + (
+            f" redis={w['now'] + w['clockOffset']}" if w["clockOffset"] else ""
+        )
         view = {
             "members": members(w),
             "primary": group(w["primary"]),
-            "replica": "replica=primary" if w["replica"] == w["primary"] else "replica: " + group(w["replica"]),
+            "replica": "replica=primary"
+            if w["replica"] == w["primary"]
+            else "replica: " + group(w["replica"]),
             "event": event(w["event"]),
         }
         changed = [v for k, v in view.items() if v and previous.get(k) != v]
-        print(f"{i:3d} {now:>6} {a['name']} {' '.join(args)}")
-        for line in changed:
-            print(f"           {line}")
+        lines = [f"{i:3d} {now:>6} {a['name']} {' '.join(args)}"]
+        lines += [f"           {line}" for line in changed]
+        sys.stdout.write("\n".join(lines) + "\n")
         previous = view
     return 0
 

@@ -48,7 +48,7 @@ docs: $(DOCS_STAMP) ## the documentation site, built with --strict (a broken lin
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 model: ## the Quint model of the protocol: typecheck, witness tests, seeded exploration (spec/run.sh)
-	spec/run.sh
+	@spec/run.sh
 
 bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt

@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 CLUSTER_TESTS ?= tests/cluster tests/coordinator tests/resharding tests/runtime tests/redis
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv demo test test-cluster lint format docs model bench chaos screenshots clean
+.PHONY: venv demo test test-cluster lint format docs bench chaos screenshots clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,7 @@ $(DOCS_STAMP): $(STAMP)
 docs: $(DOCS_STAMP) ## the documentation site, built with --strict (a broken link fails) into site/
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
+.PHONY: model
 model: ## the Quint model of the protocol: typecheck, witness tests, seeded exploration (spec/run.sh)
 	@spec/run.sh
 

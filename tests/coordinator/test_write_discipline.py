@@ -215,7 +215,7 @@ async def test_a_crash_between_commit_and_fence_write_heals_within_heartbeats(
         real_write = store.write_fences
         crashed: list[str] = []
 
-        async def crash_once(group_id: str, fences: Any) -> Any:
+        async def crash_once(group_id: str, fences: Any, **kwargs: Any) -> Any:
             fences = list(fences)
             late = [f for f in fences if f.member_id != w0.member_id]
             if late and not crashed:
@@ -223,7 +223,7 @@ async def test_a_crash_between_commit_and_fence_write_heals_within_heartbeats(
                 # The replica committed the grant and died before writing its fence;
                 # the member sees a lost connection.
                 raise CoordinatorUnavailableError("replica died")
-            return await real_write(group_id, fences)
+            return await real_write(group_id, fences, **kwargs)
 
         store.write_fences = crash_once  # type: ignore[method-assign]
         w1 = await rt.add_worker(wait=False)

@@ -8,7 +8,9 @@ the owner fences of new grants, answer.
 
 A request numbered at or below the newest sequence number acted on for its member
 (the store records it with every commit and every renewal, in the same script) is
-stale: answered from the record, acting on nothing, on either road. Every write an
+stale: it acts on nothing, on either road, and is refused with the retryable
+``STALE_REQUEST`` (not answered from the record: the record may hold writes the
+replicas have not acknowledged; the member sends a new request). Every write an
 answer depends on waits for the Redis replicas first (``replication.py``); one they
 did not acknowledge in time is not answered (``NOT_REPLICATED``, retryable). While the
 replica's clock-step detector holds (``core/clock_steps.py``), nothing is granted.
@@ -86,6 +88,18 @@ class _Beat:
 
     request: HeartbeatInput
     starts: Mapping[str, StartPosition]
+
+
+def stale_request(member_id: str, sequence: int | None) -> CoordinatorError:
+    """The answer to a request the coordinator acted on already, or a newer one of its
+    member (retryable: the member sends a new request, which is answered in full)."""
+    return CoordinatorError(
+        "STALE_REQUEST",
+        f"member {member_id}: request {sequence} was acted on already (or a newer one); "
+        "send a new request",
+        retryable=True,
+        status=409,
+    )
 
 
 def short_road_budget(pool: int | None) -> int | None:
@@ -240,10 +254,11 @@ class HeartbeatHandler:
         )
         self.replica.saw_redis_time(now_ms)
         if status == STALE:
-            # Acted on already (a duplicate, a re-send, a delayed copy): the no-change
-            # answer is the record as it stands, and nothing was renewed.
+            # Acted on already (a duplicate, a re-send, a delayed copy): nothing was
+            # renewed, and nothing is answered (the record may hold writes the replicas
+            # have not acknowledged; the member sends a new request).
             self.metrics.stale_heartbeats.inc()
-            return self._response(result, request.member_id, group_id), False
+            raise stale_request(request.member_id, request.sequence)
         if status != RENEWED:
             return None, True
         return self._response(result, request.member_id, group_id), False
@@ -402,7 +417,9 @@ class HeartbeatHandler:
                 continue
             if result.stale:
                 self.metrics.stale_heartbeats.inc()
-            elif request.sequence is not None and (result.renews_lease or not result.is_noop):
+                decided.outcomes[i] = stale_request(request.member_id, request.sequence)
+                continue
+            if request.sequence is not None and (result.renews_lease or not result.is_noop):
                 # Acted on: recorded with the commit or the renewal; a later copy of
                 # the same request in this batch is stale.
                 last[request.member_id] = decided.sequences[request.member_id] = request.sequence

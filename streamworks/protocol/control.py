@@ -77,6 +77,7 @@ class ErrorCode(StrEnum):
     METADATA_UNAVAILABLE = "METADATA_UNAVAILABLE"
     MIGRATION_IN_PROGRESS = "MIGRATION_IN_PROGRESS"
     NOT_REPLICATED = "NOT_REPLICATED"
+    STALE_REQUEST = "STALE_REQUEST"
     INTERNAL = "INTERNAL"
 
 
@@ -101,7 +102,8 @@ class HeartbeatRequest(_Request):
     ``sequence`` numbers the member's requests: each new request takes the next number,
     a re-send of a request (the same body, to another replica after a timeout) keeps
     it. The coordinator acts on a request only if its number is above every number it
-    acted on for the member, so a duplicated, re-sent or delayed copy acts on nothing.
+    acted on for the member, so a duplicated, re-sent or delayed copy acts on nothing:
+    it is refused with the retryable ``STALE_REQUEST`` (the member sends a new one).
     Optional for clients that predate it (nothing of theirs is then recognised as
     stale: upgrade the workers; ``docs/coordinator.md``).
     """

@@ -6,7 +6,8 @@
 * Every heartbeat carries a sequence number; a copy the coordinator already acted on
   (a duplicate, a re-send, a request stalled inside a replica while the member moved
   on through another, a reordered pair) acts on nothing: it neither completes a
-  revocation nor takes a grant, nor renews a lease.
+  revocation nor takes a grant, nor renews a lease (it is refused, retryable
+  ``STALE_REQUEST``).
 
 Two coordinator replicas serve over HTTP; a request is *stalled* inside replica A by a
 hook in front of its heartbeat handler (as a request queued in a paused replica is),
@@ -26,6 +27,7 @@ import httpx
 import pytest
 
 from streamworks.coordinator.service import CoordinatorService
+from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse, HeartbeatStatus
 from streamworks.protocol.shards import ShardId
@@ -207,7 +209,8 @@ async def test_a_join_stalled_in_one_replica_acts_on_nothing_when_released(
             with anyio.fail_after(10):
                 await stall.done.wait()
             [answer] = stall.answers
-            assert isinstance(answer, HeartbeatResponse)  # answered from the record
+            assert isinstance(answer, CoordinatorError) and answer.code == "STALE_REQUEST"
+            assert answer.retryable
             assert await control_state(redis, keyspace) == before  # acted on nothing
             assert a.metrics.stale_heartbeats._value.get() == 1
             for _ in range(3):  # m2 gains nothing m1 still reads
@@ -273,21 +276,25 @@ async def test_a_duplicated_and_a_reordered_request_act_once(
         leases = keyspace.group_leases("g")
         async with httpx.AsyncClient() as http:
 
-            async def post(url: str, body: HeartbeatRequest) -> HeartbeatResponse:
+            async def post(url: str, body: HeartbeatRequest) -> HeartbeatResponse | None:
+                """The answer, or None for the retryable STALE_REQUEST refusal."""
                 r = await http.post(
                     f"{url}/v1/groups/g/heartbeat",
                     content=body.model_dump_json(by_alias=True, exclude_none=True),
                     headers={"content-type": "application/json"},
                 )
+                if r.status_code == 409 and r.json()["error"] == "STALE_REQUEST":
+                    assert r.json()["retryable"] is True
+                    return None
                 assert r.status_code == 200, r.text
                 return HeartbeatResponse.model_validate_json(r.content)
 
             join = m1.request()
             first = await post(url_a, join)
+            assert first is not None
             epoch = first.member_epoch
             before = await control_state(redis, keyspace)
-            again = await post(url_b, join)  # the duplicate: not a second join
-            assert (again.member_epoch, again.assigned) == (epoch, first.assigned)
+            assert await post(url_b, join) is None  # the duplicate: not a second join
             assert await control_state(redis, keyspace) == before
             m1.apply(first)
 
@@ -295,11 +302,11 @@ async def test_a_duplicated_and_a_reordered_request_act_once(
             newer, older = older, newer  # older has the lower number
             assert older.sequence is not None and newer.sequence is not None
             assert older.sequence < newer.sequence
-            await post(url_b, newer)  # delivered first: acts (renews the lease)
+            answered = await post(url_b, newer)  # delivered first: acts (renews the lease)
+            assert answered is not None and answered.member_epoch == epoch
             lease = await redis.zscore(leases, "m1")
             state = await control_state(redis, keyspace)
-            late = await post(url_a, older)  # reordered: delivered after the newer one
-            assert late.status is HeartbeatStatus.OK and late.member_epoch == epoch
+            assert await post(url_a, older) is None  # reordered: after the newer one
             assert await redis.zscore(leases, "m1") == lease  # no renewal
             assert await control_state(redis, keyspace) == state
             assert (

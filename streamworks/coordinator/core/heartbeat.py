@@ -4,9 +4,10 @@
 applies it to the group and says what to write and answer:
 
 0. **Stale** (its sequence number is not above the newest one the coordinator acted
-   on for this member: a delayed, duplicated or re-sent request): answered from the
-   record as it stands, and nothing else: no write, no lease, no grant, no revocation
-   completed by its report. The copy that acted already answered, or answers.
+   on for this member: a delayed, duplicated or re-sent request): nothing is acted on
+   (no write, no lease, no grant, no revocation completed by its report); the result
+   is the record as it stands, marked ``stale``, and the shell refuses the request
+   (retryable: the member sends a new one).
 1. **Leave** (epoch -1): the member's record is removed, its shards are freed at once,
    the group epoch is bumped. Leaving twice, or as an unknown member, is a no-op.
 2. **Join** (epoch 0): a fresh record replaces any previous one with the same id

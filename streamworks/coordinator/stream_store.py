@@ -4,7 +4,7 @@ shard keys found for a stream. A part of :class:`~streamworks.coordinator.store.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -14,6 +14,7 @@ from streamworks.coordinator.leases import revision_of, split_revision
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.scripts import ScriptCall
 
 __all__ = ("StreamOps",)
 
@@ -33,6 +34,9 @@ class StreamOps:
         raise NotImplementedError
 
     async def run_waited(self, name: str, keys: list[Any], args: list[Any], what: str) -> Any:
+        raise NotImplementedError
+
+    async def run_waited_many(self, calls: Sequence[ScriptCall], what: str) -> list[Any]:
         raise NotImplementedError
 
     def cached_stream(self, name: str) -> tuple[int, StreamMeta] | None:
@@ -127,3 +131,22 @@ class StreamOps:
         on a guess."""
         info = await self.redis.xinfo_stream(self.keyspace.stream(shard))
         return int(info.get("entries-added", 1))
+
+    async def create_shard_keys(
+        self, shards: Iterable[ShardId], groups: Sequence[str], *, provisional: bool
+    ) -> int:
+        """``provision.create_shards`` with every node's write waiting for its replicas
+        (raises :class:`~streamworks.coordinator.replication.NotReplicated` when too few
+        acknowledged): a scale-out activates shards only once their keys cannot be lost
+        to a failover. Returns how many keys were created (existing ones are kept)."""
+        mode = "provisional" if provisional else "sealed"
+        calls: list[ScriptCall] = [
+            (
+                "shard_create",
+                [self.keyspace.stream(s), self.keyspace.shard_groups(s)],
+                [mode, *groups],
+            )
+            for s in shards
+        ]
+        replies = await self.run_waited_many(calls, "creating shard keys")
+        return sum(int(reply) for reply in replies)

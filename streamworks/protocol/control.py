@@ -204,7 +204,7 @@ class ShardGroupInfo(_Model):
 
 class ShardInfo(_Model):
     shard: str
-    state: Literal["ACTIVE", "DRAINING", "RETIRED"]
+    state: Literal["PROVISIONING", "ACTIVE", "DRAINING", "RETIRED"]
     length: int | None = None
     groups: list[ShardGroupInfo] = Field(default_factory=list)
 

@@ -65,7 +65,7 @@ class LeaseOps:
     async def run_waited(self, name: str, keys: list[Any], args: list[Any], what: str) -> Any:
         raise NotImplementedError
 
-    def saw_script_time(self, now_ms: int, before: float) -> None:
+    def saw_script_time(self, redis_ms: int, before: float) -> None:
         raise NotImplementedError
 
     async def run_waited_many(self, calls: Sequence[ScriptCall], what: str) -> list[Any]:
@@ -82,10 +82,13 @@ class LeaseOps:
     ) -> tuple[int, int]:
         """The no-change heartbeat (``lease_renew.lua``): ``(RENEWED | MOVED | STALE,
         redis now ms)``; the request's ``sequence`` is recorded with the renewal."""
+        # The clock offset the script's time gets (a test may advance the clock while
+        # the call is out: the reading must lose exactly what the script added).
+        offset = self.clock.offset_ms
         keys, args = self._renewal(group_id, member_id, ttl_ms, group_rev, stream_revs, sequence)
         before = boottime()
         reply = await self.run_waited("lease_renew", keys, args, "renewing a lease")
-        self.saw_script_time(int(reply[1]), before)
+        self.saw_script_time(int(reply[1]) - offset, before)
         return int(reply[0]), int(reply[1])
 
     async def renew_leases(

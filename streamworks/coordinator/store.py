@@ -208,10 +208,11 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
             self.on_time(ClockReading(redis_ms, before, boottime()))
         return redis_ms + self.clock.offset_ms
 
-    def saw_script_time(self, now_ms: int, before: float) -> None:
-        """Report Redis time read by a script (given with :attr:`time_offset_ms`)."""
+    def saw_script_time(self, redis_ms: int, before: float) -> None:
+        """Report Redis time read by a script since local time ``before`` (with the skew
+        hook's, without the clock offset)."""
         if self.on_time is not None:
-            self.on_time(ClockReading(now_ms - self.clock.offset_ms, before, boottime()))
+            self.on_time(ClockReading(redis_ms, before, boottime()))
 
     async def run_waited(self, name: str, keys: list[Any], args: list[Any], what: str) -> Any:
         """Run a script whose write must reach the replicas before it counts; raises

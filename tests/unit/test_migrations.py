@@ -123,9 +123,7 @@ def test_layout_invariants_hold_under_any_sequence(ops: list[tuple[str, int]]) -
             before_draining = set(ids(meta, ShardState.DRAINING))
             meta = scale(meta, n, now, LEASE)
             # Not routed, not assigned before the shell activates them (keys exist).
-            assert not {s.index for s in meta.provisioning()} & {
-                s.index for s in meta.routable()
-            }
+            assert not {s.index for s in meta.provisioning()} & {s.index for s in meta.routable()}
             meta = activate(meta)
             assert meta.routing_version == routing + 1
             routing = meta.routing_version

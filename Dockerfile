@@ -9,8 +9,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/streamworks
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY deploy/constraints.txt ./constraints.txt
 COPY streamworks ./streamworks
-RUN /opt/streamworks/bin/pip install .
+# Exactly the versions of deploy/constraints.txt (built with pip from the package's
+# runtime dependencies: no extras, nothing a laptop or a test needs).
+RUN /opt/streamworks/bin/pip install --constraint constraints.txt .
 
 # -- runtime: the virtualenv, the examples, an unprivileged user ------------------------
 FROM python:3.11-slim AS runtime

@@ -7,7 +7,7 @@ PY      := $(VENV)/bin/python
 CLUSTER_TESTS ?= tests/cluster tests/coordinator tests/resharding tests/runtime tests/redis
 STAMP   := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv demo test test-cluster lint format docs bench chaos screenshots clean
+.PHONY: venv demo test test-cluster lint format docs bench chaos screenshots constraints clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +44,9 @@ $(DOCS_STAMP): $(STAMP)
 	rm -f $(VENV)/.docs-*
 	touch $@
 
-docs: $(DOCS_STAMP) ## the documentation site, built with --strict (a broken link fails) into site/
+docs: $(DOCS_STAMP) ## the documentation site into site/: --strict, then every link of the built pages (a dead one fails; DOCS_EXTERNAL=1 also asks external ones)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	$(PY) -m tests.docs.link_check site $(if $(DOCS_EXTERNAL),--external)
 
 bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt
@@ -56,6 +57,16 @@ chaos: venv ## fault injection: 30 min of seeded faults, then the checker (CHAOS
 
 screenshots: venv ## the browser test, saving the dashboard screenshots docs/ shows (needs chromium)
 	STREAMWORKS_SCREENSHOTS=docs/img $(VENV)/bin/pytest -q tests/browser
+
+constraints: ## rebuild deploy/constraints.txt, the Docker image's pinned dependencies
+	rm -rf .constraints-venv
+	$(PYTHON) -m venv .constraints-venv
+	.constraints-venv/bin/pip install -q --disable-pip-version-check .
+	{ sed -n '/^#/p' deploy/constraints.txt; \
+	  .constraints-venv/bin/pip freeze --exclude streamworks --disable-pip-version-check; \
+	} > deploy/constraints.txt.new
+	mv deploy/constraints.txt.new deploy/constraints.txt
+	rm -rf .constraints-venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

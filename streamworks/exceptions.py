@@ -4,7 +4,8 @@ Every error streamworks raises derives from :class:`StreamworksError`::
 
     StreamworksError
     ├── ConfigurationError (ValueError)    bad settings, handler signatures, names
-    │   └── NamespaceMismatchError         not the coordinator's Redis or key prefix
+    │   ├── NamespaceMismatchError         not the coordinator's Redis or key prefix
+    │   └── UnknownNameError               a stream, group or dead letter the namespace lacks
     ├── DecodeError                        an entry or payload that cannot be decoded (poison)
     ├── BackendError                       Redis failed or answered something unexpected
     ├── PublishError                       a message could not be published
@@ -47,6 +48,7 @@ __all__ = (
     "Skip",
     "StartupError",
     "StreamworksError",
+    "UnknownNameError",
 )
 
 
@@ -62,6 +64,11 @@ class NamespaceMismatchError(ConfigurationError):
     """This process's Redis (server, database) or key prefix is not its coordinator's:
     the namespace id the coordinator sent is not the one this Redis holds
     (``streamworks.redis.namespace``)."""
+
+
+class UnknownNameError(ConfigurationError):
+    """A stream, group or dead-letter entry the namespace does not know (a typo would
+    otherwise look like an empty table, or act on nothing)."""
 
 
 class DecodeError(StreamworksError):

@@ -8,6 +8,7 @@ import click
 
 from streamworks.cli.client import coordinator_client
 from streamworks.cli.common import coordinator_options, make_settings, run_async
+from streamworks.cli.output import confirm
 from streamworks.protocol.control import ReinitializeRequest, UnsubscribeRequest
 from streamworks.settings import Settings
 
@@ -30,8 +31,7 @@ def reinit() -> None:
 def reinit_stream(name: str, shards: int, yes: bool, **flags: Any) -> None:
     """Re-initialise stream NAME: new shards are created; shard keys still in Redis are
     adopted as DRAINING so their entries are consumed before they are retired."""
-    if not yes:
-        click.confirm(f"re-initialise the metadata of stream {name!r}?", abort=True)
+    confirm(f"re-initialise the metadata of stream {name!r}?", yes=yes, refused="to re-initialise")
     _reinit(ReinitializeRequest(kind="stream", name=name, shards=shards, confirm=True), flags)
 
 
@@ -42,8 +42,7 @@ def reinit_stream(name: str, shards: int, yes: bool, **flags: Any) -> None:
 def reinit_group(name: str, yes: bool, **flags: Any) -> None:
     """Re-initialise group NAME: empty metadata, epochs above every owner fence;
     its members rejoin on their next heartbeat."""
-    if not yes:
-        click.confirm(f"re-initialise the metadata of group {name!r}?", abort=True)
+    confirm(f"re-initialise the metadata of group {name!r}?", yes=yes, refused="to re-initialise")
     _reinit(ReinitializeRequest(kind="group", name=name, confirm=True), flags)
 
 
@@ -65,11 +64,11 @@ def unsubscribe(group: str, stream: str, yes: bool, **flags: Any) -> None:
     """GROUP stops consuming STREAM for good: its consumer groups (positions and pending
     entries) are removed from the stream's shards. Use it for a group that is gone,
     which would otherwise hold back every scale-in of the stream."""
-    if not yes:
-        click.confirm(
-            f"remove group {group!r} from stream {stream!r}, with its unread and pending entries?",
-            abort=True,
-        )
+    confirm(
+        f"remove group {group!r} from stream {stream!r}, with its unread and pending entries?",
+        yes=yes,
+        refused="to unsubscribe",
+    )
 
     async def run(settings: Settings) -> None:
         async with coordinator_client(settings) as client:

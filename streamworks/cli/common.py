@@ -6,8 +6,10 @@ import functools
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import click
@@ -17,10 +19,17 @@ from redis.exceptions import RedisError
 from streamworks.app import App
 from streamworks.cli.logs import LEVELS, ContextFilter
 from streamworks.cli.logs import configure_logging as _configure_logging
-from streamworks.exceptions import CoordinatorError, StreamworksError
+from streamworks.exceptions import (
+    ConfigurationError,
+    CoordinatorError,
+    NamespaceMismatchError,
+    StreamworksError,
+)
 from streamworks.settings import Settings
 
 __all__ = (
+    "EXIT_FAILED",
+    "EXIT_USAGE",
     "check_redis_url",
     "configure_logging",
     "coordinator_options",
@@ -28,6 +37,7 @@ __all__ = (
     "load_app",
     "logging_options",
     "make_settings",
+    "plural",
     "redis_options",
     "run_async",
     "safe_url",
@@ -36,10 +46,20 @@ __all__ = (
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def fail(message: str, code: int = 1) -> None:
+#: Exit codes, one table for every command (docs/cli.md, tests/e2e/test_exit_codes.py).
+EXIT_FAILED = 1  # the operation failed: Redis or the coordinator unreachable or refusing, ...
+EXIT_USAGE = 2  # fix the command line: usage, a name, a URL, a port in use, --yes needed
+
+
+def fail(message: str, code: int = EXIT_FAILED) -> NoReturn:
     """Print one clear error line and exit."""
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 shard``, ``2 shards`` (``many`` when adding an s is wrong)."""
+    return f"{count} {word if count == 1 else (many or word + 's')}"
 
 
 def redis_options(fn: F) -> F:
@@ -130,7 +150,16 @@ def load_app(target: str) -> App:
             )
         fail(f"cannot import module {module_name!r}: {e} (is the module path right?)")
     except Exception as e:  # the user's module raised while importing
-        fail(f"importing {module_name!r} failed: {type(e).__name__}: {e}")
+        frames = user_frames(e)
+        where = ""
+        if frames:
+            # The user's own frames, as Python would print them, then the one line.
+            listing = "".join(traceback.format_list(frames))
+            click.echo(
+                f"Traceback (most recent call last; your code only):\n{listing}", err=True, nl=False
+            )
+            where = f" ({frames[-1].filename}, line {frames[-1].lineno})"
+        fail(f"importing {module_name!r} failed: {type(e).__name__}: {e}{where}")
     app = getattr(module, attribute, None)
     if app is None:
         fail(f"module {module_name!r} has no attribute {attribute!r}")
@@ -138,6 +167,22 @@ def load_app(target: str) -> App:
         fail(f"{target} is a {type(app).__name__}, not a streamworks.App")
     assert isinstance(app, App)
     return app
+
+
+#: Frames of these directories are the framework's or the import system's, not the
+#: user's: left out of an import error's traceback.
+_NOT_USER = (str(Path(__file__).resolve().parents[1]), str(Path(importlib.__file__).parent))
+
+
+def user_frames(error: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of ``error``'s traceback that are the user's code: not streamworks',
+    not the import machinery's (``<frozen importlib._bootstrap>`` and friends)."""
+    return [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<frozen ")
+        and not str(Path(frame.filename).resolve()).startswith(_NOT_USER)
+    ]
 
 
 def _is_target(missing: str, module_name: str) -> bool:
@@ -158,10 +203,18 @@ def run_async(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
                 backend_options={"use_uvloop": _has_uvloop()},
             )
         except CoordinatorError as e:
-            fail(f"coordinator: {e.code}: {e.message}")
+            fail(f"coordinator: {e.code}: {e.message}", _coordinator_exit(e))
         except (RedisError, ConnectionError) as e:
             fail(f"Redis: {e}")
+        except NamespaceMismatchError as e:
+            fail(str(e))  # the operation was refused: this Redis is not the coordinator's
+        except ConfigurationError as e:
+            fail(str(e), EXIT_USAGE)  # an unknown name, an invalid selection
         except StreamworksError as e:
+            cause = e.__cause__
+            if isinstance(cause, CoordinatorError) and cause.code == "NOT_FOUND":
+                # A publish's routing wraps the coordinator's answer: say what it means.
+                fail(f"{cause.message} (see streamworks streams ls)", EXIT_USAGE)
             fail(str(e))
         except ValidationError as e:  # a request model refused an argument
             fail(f"invalid argument: {_first_error(e)}", 2)
@@ -169,6 +222,12 @@ def run_async(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
             sys.exit(130)
 
     return wrapper
+
+
+def _coordinator_exit(error: CoordinatorError) -> int:
+    """An unknown stream or group is a mistake on the command line (exit 2), like an
+    invalid name; anything else the coordinator refuses is a failed operation."""
+    return EXIT_USAGE if error.code == "NOT_FOUND" else EXIT_FAILED
 
 
 def _has_uvloop() -> bool:

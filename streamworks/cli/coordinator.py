@@ -11,6 +11,7 @@ import anyio
 import click
 
 from streamworks.cli.common import (
+    EXIT_USAGE,
     configure_logging,
     fail,
     logging_options,
@@ -73,7 +74,7 @@ async def _run(settings: Settings) -> None:
             fail(
                 f"cannot listen on {host}:{port}: {e.strerror or e} (another process, maybe "
                 "a coordinator, uses it: choose another with --port)",
-                2,
+                EXIT_USAGE,
             )
         port = sock.getsockname()[1]
         service = CoordinatorService(redis, settings, replica=f"{socket.gethostname()}:{port}")
@@ -92,13 +93,14 @@ async def _run(settings: Settings) -> None:
             if not server.started:
                 fail(f"could not listen on {host}:{port}")
             freeze_startup_heap()  # the full GC passes were the heartbeat p99
+            base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
             log.info(
-                "coordinator listening on http://%s:%d (Redis %s, prefix %r, auth %s)",
-                host,
-                port,
+                "coordinator listening on %s (Redis %s, prefix %r, auth %s); dashboard: %s/ui/",
+                base,
                 safe_url(settings.redis_url),
                 settings.key_prefix,
                 "on" if settings.token else "off",
+                base,
             )
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for signum in signals:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -15,27 +17,59 @@ import click
 
 from streamworks.app import App
 from streamworks.cli.common import (
+    EXIT_USAGE,
     check_redis_url,
     configure_logging,
     fail,
     load_app,
     logging_options,
     make_settings,
+    plural,
     run_async,
 )
 from streamworks.cli.coordinator import bind_listener
 from streamworks.cli.output import make_console
 from streamworks.cli.render import status_view
+from streamworks.clock import Clock
 from streamworks.coordinator.http import QuietServer, create_api, server_config
+from streamworks.middleware import HandleNext, Middleware
+from streamworks.runtime.message import Context
 from streamworks.settings import Settings
 from streamworks.testing.embedded import EmbeddedRedis
 from streamworks.testing.runtime import TestRuntime
 
 console = make_console()
 log = logging.getLogger("streamworks.cli")
+#: The compact line per handler run (INFO).
+trace = logging.getLogger("streamworks.dev")
 
-#: Where dev's coordinator listens when --port is not given.
+#: Where dev's coordinator listens when --port is not given (a free port when taken).
 DEFAULT_PORT = 7400
+
+
+class HandledLines(Middleware):
+    """One compact log line per handler run: what ``dev`` shows while handlers succeed
+    (a worker logs failures, retries and dead letters itself)."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
+
+    async def handle(self, ctx: Context, call_next: HandleNext) -> None:
+        message = ctx.message
+        key = f" key={message.key}" if message.key is not None else ""
+        attempt = f" attempt {message.attempt}" if message.attempt > 1 else ""
+        started = self.clock.monotonic()
+        try:
+            await call_next(ctx)
+        except Exception as e:
+            took = (self.clock.monotonic() - started) * 1000
+            trace.info(
+                "failed  %s %s%s%s in %.1f ms: %s: %s",
+                message.shard, message.id, key, attempt, took, type(e).__name__, e,
+            )  # fmt: skip
+            raise
+        took = (self.clock.monotonic() - started) * 1000
+        trace.info("handled %s %s%s%s in %.1f ms", message.shard, message.id, key, attempt, took)
 
 
 @click.command()
@@ -44,36 +78,42 @@ DEFAULT_PORT = 7400
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
-    default=DEFAULT_PORT,
-    show_default=True,
-    help="the coordinator's port on 127.0.0.1 (0: any free port)",
+    help=f"the coordinator's port on 127.0.0.1 [default: {DEFAULT_PORT}, or a free port when "
+    "it is taken; 0: any free port]",
 )
 @click.option("--key-prefix", help="key namespace [env STREAMWORKS_KEY_PREFIX; default sw]")
+@click.option(
+    "--redis",
+    "use_redis",
+    help="use this Redis (its data stays) instead of a private embedded one, discarded on exit",
+)
 @click.option(
     "--reload",
     is_flag=True,
     help="restart the app when a .py file under the cwd or the app's directory changes",
 )
-@click.option("--redis-url", "use_redis", hidden=True)  # --reload hands its Redis down
-@logging_options("WARNING")
+@click.option("--quiet", is_flag=True, help="no line per handled message")
+@logging_options("INFO")
 def dev(
     target: str,
     workers: int,
-    port: int,
+    port: int | None,
     key_prefix: str | None,
-    reload: bool,
     use_redis: str | None,
+    reload: bool,
+    quiet: bool,
     log_level: str,
     log_format: str,
     **_: Any,
 ) -> None:
     """Embedded Redis + a coordinator (HTTP) + N workers of the app, in one process.
 
-    The coordinator URL, Redis URL and key prefix are printed, so `streamworks status
-    --coordinator URL` and `streamworks dlq ls --redis URL` work from another terminal.
-    With --reload, the app restarts on code changes; Redis (with its streams, groups
-    and messages) and the coordinator's URL stay. Ctrl-C stops everything; the embedded
-    Redis is discarded.
+    Logs a line per handled message (--quiet: none). Prints the coordinator URL, the
+    Redis URL and the key prefix, with the commands to publish to it, look at it and
+    its dead letters from another terminal. --redis reuses a server (and its data)
+    across runs. With --reload, the app restarts on code changes; Redis (with its
+    streams, groups and messages) and the coordinator's URL stay. Ctrl-C stops
+    everything; an embedded Redis is discarded.
     """
     configure_logging(log_level, log_format)
     settings = make_settings(**({"key_prefix": key_prefix} if key_prefix else {}))
@@ -82,23 +122,29 @@ def dev(
     app = None if reload else load_app(target)  # a broken app fails before Redis starts
     server: EmbeddedRedis | None = None
     if use_redis is not None:
-        redis_url = use_redis  # --reload's supervisor started it
+        redis_url = use_redis  # the user's (or --reload's supervisor's) server
     else:
         # Always a private server: never a Redis named by the environment (such as
         # STREAMWORKS_TEST_REDIS_URL, which TestRuntime would otherwise pick up).
         try:
             server = EmbeddedRedis().start()
+        except FileNotFoundError as e:
+            fail(str(e))  # what to install, in one line
         except (OSError, RuntimeError) as e:
             fail(f"cannot start an embedded Redis: {e}")
-            raise  # unreachable
         redis_url = server.url
     try:
         if app is None:
-            _supervise(target, workers, port, settings.key_prefix, redis_url, log_level, log_format)
+            options = ["--log-level", log_level, "--log-format", log_format]
+            options += ["--quiet"] if quiet else []
+            _supervise(target, workers, port, settings.key_prefix, redis_url, options)
             return
+        if not quiet:
+            app.middleware = (*app.middleware, HandledLines())
         console.print(
-            f"starting {'an embedded Redis, ' if server else ''}a coordinator and {workers} "
-            f"workers of {app.name!r}"
+            f"starting {'an embedded Redis, ' if server else ''}a coordinator and "
+            f"{plural(workers, 'worker')} of {app.name!r}",
+            highlight=False,
         )
         run_async(_run)(app, workers, port, settings.with_overrides(redis_url=redis_url))
     finally:
@@ -109,21 +155,26 @@ def dev(
 def _supervise(
     target: str,
     workers: int,
-    port: int,
+    port: int | None,
     prefix: str,
     redis_url: str,
-    log_level: str,
-    log_format: str,
+    options: list[str],
 ) -> None:
     """Run ``dev`` without --reload in a child process, restarted on code changes."""
-    import watchfiles
+    try:
+        import watchfiles
+    except ImportError:
+        fail("--reload needs watchfiles: pip install 'streamworks[embedded]'")
 
     if port == 0:
-        fail("--reload needs a fixed --port (the URL must survive restarts)", 2)
+        fail("--reload needs a fixed --port (the URL must survive restarts)", EXIT_USAGE)
+    if port is None:
+        # The URL must survive restarts: choose the port once, here.
+        port = _listener(None).getsockname()[1]
     command = [
         sys.executable, "-m", "streamworks", "dev", target,
         "--workers", str(workers), "--port", str(port), "--key-prefix", prefix,
-        "--redis-url", redis_url, "--log-level", log_level, "--log-format", log_format,
+        "--redis", redis_url, *options,
     ]  # fmt: skip
     paths = sorted({os.getcwd(), *_module_dir(target)})
     console.print(f"watching {', '.join(paths)} for changes to .py files (Ctrl-C stops)")
@@ -195,11 +246,41 @@ def _module_dir(target: str) -> list[str]:
     return [os.path.dirname(os.path.abspath(spec.origin))]
 
 
-async def _run(app: App, workers: int, port: int, settings: Settings) -> None:
+def _listener(port: int | None) -> socket.socket:
+    """The coordinator's socket: ``port``, or when none was chosen 7400, or a free
+    port when 7400 is taken (a coordinator or another dev already runs here)."""
     try:
-        sock = bind_listener("127.0.0.1", port)
+        return bind_listener("127.0.0.1", DEFAULT_PORT if port is None else port)
     except OSError as e:
-        fail(f"cannot listen on 127.0.0.1:{port}: {e.strerror or e} (choose another --port)", 2)
+        if port is not None or e.errno != errno.EADDRINUSE:
+            fail(
+                f"cannot listen on 127.0.0.1:{port}: {e.strerror or e} (choose another --port)",
+                EXIT_USAGE,
+            )
+    sock = bind_listener("127.0.0.1", 0)
+    log.warning(
+        "port %d is taken (a coordinator or another dev runs here?): the coordinator "
+        "listens on %d instead (--port chooses one)",
+        DEFAULT_PORT,
+        sock.getsockname()[1],
+    )
+    return sock
+
+
+def _next_steps(app: App, url: str, settings: Settings) -> list[str]:
+    """The commands a user runs from another terminal to talk to this dev."""
+    redis = f"--redis {settings.redis_url} --key-prefix {settings.key_prefix}"
+    stream = next(iter(app.handlers), None) or next(iter(app.streams), "STREAM")
+    return [
+        f"  streamworks publish {stream} '<JSON value>' --coordinator {url} {redis}",
+        f"  streamworks status --coordinator {url}",
+        f"  streamworks dlq ls {redis}",
+        f"  dashboard: {url}/ui/",
+    ]
+
+
+async def _run(app: App, workers: int, port: int | None, settings: Settings) -> None:
+    sock = _listener(port)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     async with TestRuntime(
         app,
@@ -221,12 +302,8 @@ async def _run(app: App, workers: int, port: int, settings: Settings) -> None:
                 f"key prefix: [b]{settings.key_prefix}[/b]",
                 highlight=False,
             )
-            console.print(f"  streamworks status --coordinator {url}", highlight=False)
-            console.print(
-                f"  streamworks dlq ls --redis {settings.redis_url} "
-                f"--key-prefix {settings.key_prefix}",
-                highlight=False,
-            )
+            for line in _next_steps(app, url, settings):
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
             console.print(status_view(await rt.service.status()))
             console.print("running; Ctrl-C to stop")
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -1,23 +1,23 @@
 """``streamworks dlq`` — inspect, replay, delete and purge dead-letter streams.
 
-Every command names one group and one stream (a dead-letter stream belongs to both);
-a group or stream the namespace does not know is an error, not an empty table.
+A shell over :mod:`streamworks.dlq` (the library the dashboard calls too): every
+command names one group and one stream (a dead-letter stream belongs to both); a
+group or stream the namespace does not know is an error, not an empty table.
 Entries are selected by DLQ id (one or many) and/or by filters (``--reason``,
 ``--error``, ``--older-than``, ``--newer-than``); ``replay`` sends them to the group's
-redelivery path only (``streamworks.runtime.redelivery``), so other groups on the
-stream never see them again. ``--dry-run`` shows what would be done; ``delete`` and
-``purge`` ask first (``--yes`` to skip; without a terminal, ``--yes`` is required).
+redelivery path only, so other groups on the stream never see them again, after
+checking that the coordinator serves this Redis and key prefix (the producer's
+namespace check). ``--dry-run`` shows what would be done; ``delete`` and ``purge``
+ask first (``--yes`` to skip; without a terminal, ``--yes`` is required).
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict
 from typing import Any, TypeVar
 
-import anyio.lowlevel
 import click
 import orjson
 from rich.progress import Progress
@@ -28,26 +28,20 @@ from streamworks.cli.common import (
     coordinator_options,
     fail,
     make_settings,
+    plural,
     redis_options,
     run_async,
 )
-from streamworks.cli.output import echo_json, make_console, stdin_is_terminal
-from streamworks.exceptions import ConfigurationError, StreamworksError
-from streamworks.protocol.shards import validate_name
+from streamworks.cli.output import confirm, echo_json, make_console
+from streamworks.dlq import REASONS, DeadLetters, Selection, parse_age
+from streamworks.exceptions import ConfigurationError
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
-from streamworks.redis.scripts import Scripts
-from streamworks.runtime.leased_routing import LeasedRouting
-from streamworks.runtime.redelivery import original_key, redeliver, target_shard
+from streamworks.redis.namespace import NamespaceCheck, where
 from streamworks.settings import Settings
 
 console = make_console()
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: A dead-letter stream's entry id: ``<ms>-<seq>``.
-_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
-_AGE_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw])")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 @click.group()
@@ -66,36 +60,10 @@ class Age(click.ParamType[float, Any]):
     ) -> float:
         if isinstance(value, float | int):
             return float(value)
-        text = str(value).strip().lower()
-        parts = _AGE_PART.findall(text)
-        if not parts or "".join(n + u for n, u in parts) != text:
-            self.fail(f"{value!r} is not an age: use e.g. 90s, 15m, 2h, 1d12h, 1w", param, ctx)
-        return sum(float(n) * _UNIT[u] for n, u in parts)
-
-
-@dataclass(frozen=True, slots=True)
-class Selection:
-    """Which dead letters a command acts on: ids and/or filters (all must match)."""
-
-    ids: tuple[str, ...] = ()
-    reasons: tuple[str, ...] = ()
-    error: str | None = None
-    older_than: float | None = None
-    newer_than: float | None = None
-    limit: int | None = None
-
-    @property
-    def narrowed(self) -> bool:
-        """Whether anything narrows the selection (else it is every entry)."""
-        return bool(
-            self.ids or self.reasons or self.error is not None
-            or self.older_than is not None or self.newer_than is not None
-        )  # fmt: skip
-
-    def matches(self, fields: dict[bytes, bytes]) -> bool:
-        if self.reasons and _text(fields, "reason") not in self.reasons:
-            return False
-        return self.error is None or self.error.lower() in _text(fields, "error").lower()
+        try:
+            return parse_age(str(value))
+        except ConfigurationError as e:
+            self.fail(str(e), param, ctx)
 
 
 def selection_options(fn: F) -> F:
@@ -111,7 +79,7 @@ def selection_options(fn: F) -> F:
         "--reason",
         "reasons",
         multiple=True,
-        type=click.Choice(["max_attempts", "poison", "crashed"]),
+        type=click.Choice(REASONS),
         help="only entries dead-lettered for this reason (repeatable)",
     )(fn)
     return click.argument("ids", nargs=-1, metavar="[DLQ_ID]...")(fn)
@@ -126,112 +94,22 @@ def _selection(
     *,
     limit: int | None = None,
 ) -> Selection:
-    for entry_id in ids:
-        if not _ENTRY_ID.fullmatch(entry_id):
-            fail(f"{entry_id!r} is not a dead-letter id (like 1718000000000-0; see dlq show)", 2)
-    if older_than is not None and newer_than is not None and newer_than <= older_than:
-        fail("--newer-than must be longer ago than --older-than: nothing can match", 2)
-    return Selection(ids, reasons, error_text, older_than, newer_than, limit)
-
-
-def _text(fields: dict[bytes, bytes], name: str) -> str:
-    value = fields.get(name.encode())
-    return value.decode(errors="replace") if value is not None else ""
-
-
-# -- target and selection -------------------------------------------------------------------
-async def _dead_letter_key(redis: Any, settings: Settings, group: str, stream: str) -> str:
-    """The group's dead-letter stream for ``stream``; exit 2 when the namespace does not
-    know the group or the stream (a typo would otherwise look like an empty DLQ)."""
     try:
-        validate_name("group", group)
-        validate_name("stream", stream)
+        return Selection.of(ids, reasons, error_text, older_than, newer_than, limit)
     except ConfigurationError as e:
         fail(str(e), 2)
+        raise  # unreachable
+
+
+def _library(settings: Settings, redis: Any, client: Any = None) -> DeadLetters:
     keyspace = Keyspace(settings.key_prefix)
-    key = keyspace.dead_letters(group, stream)
-    if await redis.exists(key):
-        return key  # dead letters exist: whatever the registry says, they are real
-    where = f"in namespace {settings.key_prefix!r}"
-    if not await redis.sismember(keyspace.registry_streams(), stream):
-        fail(f"unknown stream {stream!r} {where} (see streamworks streams ls)", 2)
-    if not await redis.sismember(keyspace.registry_groups(), group):
-        fail(f"unknown group {group!r} {where} (see streamworks status)", 2)
-    if not await redis.sismember(keyspace.registry_subscriptions(stream), group):
-        fail(f"group {group!r} does not consume stream {stream!r} {where}", 2)
-    return key
-
-
-async def _select(
-    redis: Any, key: str, selection: Selection
-) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """The selected entries, oldest first (an id that is not there is an error)."""
-    out: list[tuple[bytes, dict[bytes, bytes]]] = []
-    now_ms = int(time.time() * 1000)
-    low = "-" if selection.newer_than is None else str(now_ms - int(selection.newer_than * 1000))
-    high = "+" if selection.older_than is None else str(now_ms - int(selection.older_than * 1000))
-    if selection.ids:
-        missing = []
-        for entry_id in dict.fromkeys(selection.ids):
-            found = await redis.xrange(key, min=entry_id, max=entry_id)
-            if not found:
-                missing.append(entry_id)
-                continue
-            rid, fields = found[0]
-            in_age = (low == "-" or _ms(rid) >= int(low)) and (high == "+" or _ms(rid) <= int(high))
-            if in_age and selection.matches(fields):
-                out.append((rid, fields))
-        if missing:
-            fail(f"no dead letter {', '.join(missing)} in {key} (nothing was done)", 2)
-        out.sort(key=lambda e: tuple(int(p) for p in e[0].split(b"-")))
-        return out[: selection.limit] if selection.limit is not None else out
-    cursor = low
-    while selection.limit is None or len(out) < selection.limit:
-        batch = await redis.xrange(key, min=cursor, max=high, count=500)
-        if not batch:
-            break
-        for rid, fields in batch:
-            if selection.matches(fields):
-                out.append((rid, fields))
-                if selection.limit is not None and len(out) >= selection.limit:
-                    break
-        cursor = f"({batch[-1][0].decode()}"
-        await anyio.lowlevel.checkpoint()
-    return out
-
-
-def _ms(entry_id: bytes) -> int:
-    return int(entry_id.split(b"-", 1)[0])
-
-
-def _describe(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
-    """One dead letter as JSON-ready data (the ``--json`` schema of an entry)."""
-    headers: Any = None
-    raw_headers = fields.get(b"o.h")
-    if raw_headers is not None:
-        try:
-            headers = orjson.loads(raw_headers)
-        except orjson.JSONDecodeError:
-            headers = raw_headers.decode(errors="replace")
-    payload = fields.get(b"o.v")
-    failed_at = _text(fields, "failed_at")
-    return {
-        "id": entry_id.decode(),
-        "reason": _text(fields, "reason"),
-        "error": _text(fields, "error"),
-        "traceback": _text(fields, "traceback") or None,
-        "attempts": int(_text(fields, "attempts") or 0),
-        "group": _text(fields, "group") or None,
-        "stream": _text(fields, "stream") or None,
-        "shard": _text(fields, "shard") or None,
-        "entry_id": _text(fields, "entry_id") or None,
-        "member": _text(fields, "member") or None,
-        "failed_at_ms": int(failed_at) if failed_at.isdigit() else _ms(entry_id),
-        "key": _text(fields, "o.k") if b"o.k" in fields else None,
-        "event_id": _text(fields, "o.e") if b"o.e" in fields else None,
-        "headers": headers,
-        "payload": payload.decode(errors="replace") if payload is not None else None,
-    }
+    return DeadLetters(
+        redis,
+        keyspace,
+        routing=client,
+        namespace=NamespaceCheck(redis, keyspace, settings.redis_url),
+        where=where(client) if client is not None else "",
+    )
 
 
 def _age(ms: int) -> str:
@@ -240,15 +118,6 @@ def _age(ms: int) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
-
-
-def _confirm(question: str, yes: bool) -> None:
-    if yes:
-        return
-    if not stdin_is_terminal():
-        fail("no terminal to confirm on: pass --yes to delete (or --dry-run to look first)", 2)
-    if not click.confirm(question, default=False):
-        fail("aborted: nothing was deleted")
 
 
 # -- commands -----------------------------------------------------------------------------
@@ -262,27 +131,8 @@ def ls(only_group: str | None, as_json: bool, **flags: Any) -> None:
     async def run(settings: Settings) -> None:
         redis = create_redis(settings)
         try:
-            rows: list[dict[str, Any]] = []
-            keyspace = Keyspace(settings.key_prefix)
-            pattern = keyspace.dead_letters_pattern()
-            async for key in redis.scan_iter(match=pattern, count=1000):
-                try:
-                    group, stream = keyspace.dead_letters_of(key.decode())
-                except ValueError:
-                    continue  # not a dead-letter stream (a longer prefix sharing ours)
-                if only_group is not None and group != only_group:
-                    continue
-                length = int(await redis.xlen(key))
-                oldest = await redis.xrange(key, count=1)
-                rows.append(
-                    {
-                        "group": group,
-                        "stream": stream,
-                        "entries": length,
-                        "oldest_ms": _ms(oldest[0][0]) if oldest else None,
-                    }
-                )
-            rows.sort(key=lambda r: (r["group"], r["stream"]))
+            found = await _library(settings, redis).streams(only_group)
+            rows = [asdict(r) for r in found]
             if as_json:
                 echo_json({"dead_letter_streams": rows})
                 return
@@ -316,9 +166,9 @@ def show(
     async def run(settings: Settings) -> None:
         redis = create_redis(settings)
         try:
-            key = await _dead_letter_key(redis, settings, group, stream)
-            entries = [_describe(i, f) for i, f in await _select(redis, key, selection)]
-            total = int(await redis.xlen(key))
+            library = _library(settings, redis)
+            entries = [e.as_json() for e in await library.select(group, stream, selection)]
+            total = await library.total(group, stream)
         finally:
             await redis.aclose()
         if as_json:
@@ -401,76 +251,42 @@ def replay(
 
     async def run(settings: Settings) -> None:
         redis = create_redis(settings)
-        keyspace = Keyspace(settings.key_prefix)
         try:
-            key = await _dead_letter_key(redis, settings, group, stream)
-            entries = await _select(redis, key, selection)
-            replayed: list[dict[str, Any]] = []
-            kept: list[dict[str, str]] = []
             async with coordinator_client(settings) as client:
-                routing = LeasedRouting(client)
-                scripts = Scripts(redis)
+                library = _library(settings, redis, client)
                 show_progress = not as_json and console.is_terminal and not dry_run
                 with Progress(console=console, disable=not show_progress) as progress:
-                    task = progress.add_task(f"replaying {group}/{stream}", total=len(entries))
-                    for entry_id, fields in entries:
-                        dlq_id = entry_id.decode()
-                        try:
-                            if dry_run:
-                                shard = await _dry_target(routing, stream, fields)
-                                replayed.append({"id": dlq_id, "shard": shard})
-                                continue
-                            done = await redeliver(
-                                redis, scripts, keyspace, routing, group, stream, fields
-                            )
-                        except (ValueError, TypeError) as e:
-                            # A poison entry (no payload, key unreadable) is kept in the
-                            # DLQ and reported, not replayed.
-                            kept.append({"id": dlq_id, "why": str(e)})
-                            if not as_json:
-                                console.print(f"[yellow]kept {dlq_id}: {e}")
-                            continue
-                        except StreamworksError as e:  # no routing, Redis down, ...
-                            fail(
-                                f"{e}; {len(replayed)} replayed before {dlq_id} (removed from "
-                                "the DLQ), the rest are still in it"
-                            )
-                        await redis.xdel(key, entry_id)
-                        replayed.append(
-                            {"id": dlq_id, "shard": done.shard, "redelivery_id": done.entry_id}
-                        )
-                        progress.advance(task)
+                    task = progress.add_task(f"replaying {group}/{stream}", total=None)
+                    result = await library.replay(
+                        group,
+                        stream,
+                        selection,
+                        dry_run=dry_run,
+                        on_entry=lambda: progress.advance(task),
+                    )
         finally:
             await redis.aclose()
         if as_json:
-            echo_json(
-                {
-                    "group": group,
-                    "stream": stream,
-                    "dry_run": dry_run,
-                    "replayed": replayed,
-                    "kept": kept,
-                }
+            echo_json(asdict(result))
+            return
+        for kept in result.kept:
+            console.print(f"[yellow]kept {kept.id}: {kept.why}", highlight=False)
+        if dry_run:
+            for r in result.replayed:
+                console.print(f"would replay {r.id} to {group} on {r.shard}", highlight=False)
+            console.print(
+                f"dry run: would replay {len(result.replayed)}, keep {len(result.kept)} "
+                "(no payload, or unreadable); nothing was changed",
+                highlight=False,
             )
-        elif dry_run:
-            for r in replayed:
-                console.print(f"would replay {r['id']} to {group} on {r['shard']}")
-            console.print(f"dry run: would replay {len(replayed)}, keep {len(kept)}")
         else:
             console.print(
-                f"replayed {len(replayed)}, kept {len(kept)} (no payload, or unreadable) "
-                f"to group {group} only"
+                f"replayed {len(result.replayed)} to group {group} only (removed from the "
+                f"DLQ), kept {len(result.kept)} (no payload, or unreadable)",
+                highlight=False,
             )
 
     run_async(run)(make_settings(**flags))
-
-
-async def _dry_target(routing: LeasedRouting, stream: str, fields: dict[bytes, bytes]) -> str:
-    if b"o.v" not in fields:
-        raise ValueError("no original payload")
-    key = original_key(fields)
-    table = await routing.routing(stream)
-    return str(target_shard(table, key, _text(fields, "shard")))
 
 
 @dlq.command("delete")
@@ -523,21 +339,27 @@ def _remove(
     async def run(settings: Settings) -> None:
         redis = create_redis(settings)
         try:
-            key = await _dead_letter_key(redis, settings, group, stream)
+            library = _library(settings, redis)
+            # What would go first, then the question, then the same call for real.
             if purge:
-                ids = []
-                count = int(await redis.xlen(key))
+                ids: list[str] = []
+                count = await library.purge(group, stream, dry_run=True)
             else:
-                ids = [i for i, _ in await _select(redis, key, selection)]
+                ids = await library.delete(group, stream, selection, dry_run=True)
                 count = len(ids)
             if not dry_run and count:
-                what = "every dead letter" if purge else f"{count} dead letters"
-                _confirm(f"delete {what} of {group}/{stream} ({count})?", yes)
+                what = "every dead letter" if purge else plural(count, "dead letter")
+                confirm(
+                    f"delete {what} of {group}/{stream} ({count})?",
+                    yes=yes,
+                    refused="to delete (or --dry-run to look first)",
+                )
                 if purge:
-                    await redis.delete(key)
+                    count = await library.purge(group, stream)
                 else:
-                    for i in range(0, len(ids), 500):
-                        await redis.xdel(key, *ids[i : i + 500])
+                    for_ids = Selection.of(ids=ids)
+                    ids = await library.delete(group, stream, for_ids)
+                    count = len(ids)
         finally:
             await redis.aclose()
         verb = "would delete" if dry_run else ("purged" if purge else "deleted")
@@ -548,10 +370,10 @@ def _remove(
                     "stream": stream,
                     "dry_run": dry_run,
                     "deleted": count,
-                    "ids": [i.decode() for i in ids],
+                    "ids": ids,
                 }
             )
         else:
-            console.print(f"{verb} {count} dead letters")
+            console.print(f"{verb} {plural(count, 'dead letter')}")
 
     run_async(run)(make_settings(**flags))

@@ -2,7 +2,8 @@
 
 The messages go through the runtime's :class:`~streamworks.runtime.producer.Producer`
 with the coordinator's leased routing, exactly as an app publishes (jump hash by key,
-fail-closed routing lease, re-routing after a scale-in); never a raw ``XADD``.
+fail-closed routing lease, re-routing after a scale-in, the namespace check that
+refuses a Redis or key prefix the coordinator does not serve); never a raw ``XADD``.
 
 Input: one JSON ``VALUE`` argument, or JSON lines from stdin (``-``) or ``--file``.
 Lines are published in order, in batches; a line that is not JSON stops the command
@@ -28,6 +29,7 @@ from streamworks.cli.common import (
     coordinator_options,
     fail,
     make_settings,
+    plural,
     redis_options,
     run_async,
 )
@@ -37,6 +39,7 @@ from streamworks.protocol.codec import JsonCodec
 from streamworks.protocol.shards import validate_name
 from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.namespace import NamespaceCheck
 from streamworks.redis.scripts import Scripts
 from streamworks.runtime.leased_routing import LeasedRouting
 from streamworks.runtime.producer import Producer, Published, Record
@@ -133,11 +136,15 @@ def publish(
         redis = create_redis(settings)
         try:
             async with coordinator_client(settings) as client:
+                keyspace = Keyspace(settings.key_prefix)
+                # The producer's namespace check: a publish to a Redis (or prefix) the
+                # coordinator does not serve would be read by nobody.
+                namespace = NamespaceCheck(redis, keyspace, settings.redis_url)
                 producer = Producer(
                     redis,
                     Scripts(redis),
-                    Keyspace(settings.key_prefix),
-                    LeasedRouting(client),
+                    keyspace,
+                    LeasedRouting(client, namespace=namespace),
                     JsonCodec(),
                     max_reroutes=settings.producer.max_reroutes,
                 )
@@ -200,7 +207,8 @@ async def _publish_lines(
                 try:
                     results = await producer.publish_many(stream, batch)
                 except (StreamworksError, TypeError, ValueError) as e:
-                    fail(f"{e}; {published} messages published before this batch, none after")
+                    done = plural(published, "message")
+                    fail(f"{e}; {done} published before this batch, none after")
                 published += len(results)
                 for result in results:
                     shards[result.shard] += 1
@@ -210,13 +218,14 @@ async def _publish_lines(
             if bad is not None:
                 where = f"{path}:" if path is not None else "stdin line "
                 fail(
-                    f"{where}{bad.number}: {bad.reason}; {published} messages published "
+                    f"{where}{bad.number}: {bad.reason}; {plural(published, 'message')} published "
                     "before it, none after"
                 )
     if not as_json:
         spread = ", ".join(f"{s}: {n}" for s, n in sorted(shards.items()))
         console.print(
-            f"published {published} messages to {stream}" + (f" ({spread})" if spread else "")
+            f"published {plural(published, 'message')} to {stream}"
+            + (f" ({spread})" if spread else "")
         )
 
 

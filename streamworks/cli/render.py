@@ -10,7 +10,14 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from streamworks.protocol.control import GroupInfo, StatusResponse, StreamInfo
+from streamworks.cli.common import plural
+from streamworks.protocol.control import (
+    CLIENT_METRICS,
+    GroupInfo,
+    MemberInfo,
+    StatusResponse,
+    StreamInfo,
+)
 
 __all__ = ("fence_left", "group_table", "migration_summary", "status_view", "stream_table")
 
@@ -18,25 +25,27 @@ __all__ = ("fence_left", "group_table", "migration_summary", "status_view", "str
 _GONE = frozenset({"EXPIRED", "FENCED"})
 
 
-def stream_table(stream: StreamInfo) -> Table:
+def stream_table(stream: StreamInfo) -> RenderableType:
+    """The stream's heading (never wrapped to the table's width) and its shards."""
     title = (
-        f"stream [b]{stream.name}[/b]: {stream.shard_count} routable shards, "
+        f"stream [b]{stream.name}[/b]: {plural(stream.shard_count, 'routable shard')}, "
         f"routing v{stream.routing_version} ({stream.protocol})"
     )
     summary = migration_summary(stream.migration)
     if summary:
         title += f"\n{summary}"
-    table = Table(title=title, title_justify="left")
+    table = Table()
     table.add_column("shard")
     table.add_column("state")
     table.add_column("length", justify="right")
     table.add_column("group")
+    table.add_column("owner")
     table.add_column("pending", justify="right")
     table.add_column("lag", justify="right")
     for shard in stream.shards:
         length = "" if shard.length is None else str(shard.length)
         if not shard.groups:
-            table.add_row(shard.shard, shard.state, length, "", "", "")
+            table.add_row(shard.shard, shard.state, length, "", "", "", "")
         for i, g in enumerate(shard.groups):
             lag = "[red]nil[/red]" if g.lag is None else str(g.lag)
             table.add_row(
@@ -44,10 +53,20 @@ def stream_table(stream: StreamInfo) -> Table:
                 shard.state if i == 0 else "",
                 length if i == 0 else "",
                 g.group,
+                (g.owner or "-")[:12],
                 str(g.pending),
                 lag,
             )
-    return table
+    return Renderables(_heading(title), table)
+
+
+def _heading(markup: str) -> Text:
+    """A title above a table, as wide as the console (a table's own title wraps to
+    the table's width, and narrow tables cut their titles into several lines)."""
+    text = Text.from_markup(markup)
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
 
 
 def fence_left(migration: Mapping[str, object] | None, now_ms: int | None = None) -> float | None:
@@ -74,44 +93,43 @@ def migration_summary(migration: Mapping[str, object] | None) -> str:
     draining = _strings(migration.get("draining"))
     retired = _strings(migration.get("retired"))
     if phase == "NONE":
-        return f"last migration complete ({len(retired)} shards retired)" if retired else ""
+        return (
+            f"last migration complete ({plural(len(retired), 'shard')} retired)" if retired else ""
+        )
     if phase == "FENCING":
         left = fence_left(migration)
         wait = f", routing fence in {left:.0f}s" if left is not None else ""
         return (
-            f"migration: FENCING — {len(draining)} shards leave routing; producers may hold "
-            f"the old routing until the fence{wait}"
+            f"migration: FENCING — {plural(len(draining), 'shard')} leave routing; producers "
+            f"may hold the old routing until the fence{wait}"
         )
     blocked = migration.get("blocked")
     waiting = (
-        f"; waiting for {len(blocked)} shards" if isinstance(blocked, dict) and blocked else ""
+        f"; waiting for {plural(len(blocked), 'shard')}"
+        if isinstance(blocked, dict) and blocked
+        else ""
     )
-    return f"migration: {phase} — {len(draining)} shards draining{waiting}"
+    return f"migration: {phase} — {plural(len(draining), 'shard')} draining{waiting}"
 
 
 def _strings(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def group_table(group: GroupInfo, *, show_all: bool = False) -> Table:
-    """The group's members; members that left or expired (kept for a while by the
-    coordinator so a late heartbeat is answered right) only with ``show_all``."""
+def group_table(
+    group: GroupInfo, *, show_all: bool = False, streams: Mapping[str, StreamInfo] | None = None
+) -> RenderableType:
+    """The group's heading, its members, its dead letters and hints; members that left
+    or expired (kept for a while by the coordinator so a late heartbeat is answered
+    right) only with ``show_all``."""
     gone = [m for m in group.members if m.state in _GONE]
-    members = group.members if show_all else [m for m in group.members if m.state not in _GONE]
-    caption = (
-        f"{len(gone)} members left or expired recently (status --all shows them)"
-        if gone and not show_all
-        else None
+    alive = [m for m in group.members if m.state not in _GONE]
+    members = group.members if show_all else alive
+    title = (
+        f"group [b]{group.group}[/b]: {group.state}, epoch {group.group_epoch} "
+        f"(target {group.target_epoch}), metadata v{group.metadata_version}"
     )
-    table = Table(
-        caption=caption,
-        caption_justify="left",
-        title=(
-            f"group [b]{group.group}[/b]: {group.state}, epoch {group.group_epoch} "
-            f"(target {group.target_epoch}), metadata v{group.metadata_version}"
-        ),
-        title_justify="left",
-    )
+    table = Table()
     table.add_column("member")
     table.add_column("state")
     table.add_column("epoch", justify="right")
@@ -120,9 +138,11 @@ def group_table(group: GroupInfo, *, show_all: bool = False) -> Table:
     table.add_column("pending")
     table.add_column("lease", justify="right")
     table.add_column("host/pid")
+    table.add_column("metrics")
     for m in sorted(members, key=lambda m: m.member_id):
         pending = sorted(set(m.target) - set(m.assigned))
         lease = "" if m.lease_expires_in_ms is None else f"{m.lease_expires_in_ms / 1000:.1f}s"
+        metrics = m.client.get(CLIENT_METRICS)
         table.add_row(
             m.member_id[:12],
             m.state,
@@ -132,8 +152,38 @@ def group_table(group: GroupInfo, *, show_all: bool = False) -> Table:
             _shards(pending),
             lease,
             f"{m.client.get('host', '')}/{m.client.get('pid', '')}",
+            f"{metrics}/metrics" if metrics else "-",
         )
-    return table
+    notes: list[RenderableType] = []
+    if gone and not show_all:
+        left = plural(len(gone), "member")
+        notes.append(Text(f"{left} left or expired recently (status --all shows them)"))
+    dead = {s: n for s, n in sorted(group.dead_letters.items()) if n}
+    if group.dead_letters:
+        counts = ", ".join(f"{s} {n}" for s, n in dead.items()) if dead else "none"
+        line = Text(f"dead letters: {counts}", style="yellow" if dead else "")
+        if dead:
+            line.append(f"  (streamworks dlq show {group.group} STREAM)", style="dim")
+        notes.append(line)
+    hint = _idle_hint(group, alive, streams or {})
+    if hint:
+        notes.append(Text(hint, style="yellow"))
+    return Renderables(_heading(title), table, *notes)
+
+
+def _idle_hint(group: GroupInfo, alive: list[MemberInfo], streams: Mapping[str, StreamInfo]) -> str:
+    """Why some members have nothing to read, when they are settled and do not: more
+    members than shards (each shard is read by one member of a group)."""
+    idle = [m for m in alive if not m.assigned and not m.target and m.state == "STABLE"]
+    if not idle or group.state != "STABLE":
+        return ""
+    shards = sum(streams[s].shard_count for s in group.subscriptions if s in streams)
+    who = "member has" if len(idle) == 1 else "members have"
+    return (
+        f"{len(idle)} {who} no shards: the group has {plural(len(alive), 'member')} for "
+        f"{plural(shards, 'shard')} (one member reads a shard); they take over when "
+        "another member stops. To use them: streamworks streams scale STREAM --shards N"
+    )
 
 
 def _shards(ids: list[str]) -> str:
@@ -143,12 +193,17 @@ def _shards(ids: list[str]) -> str:
 def status_view(
     status: StatusResponse, *, show_all: bool = False, where: str = ""
 ) -> RenderableType:
-    """Every stream and group; a clear line when there is nothing."""
+    """Every stream and group, after the alerts; a clear line when there is nothing."""
+    alerts: list[RenderableType] = [Text(f"ALERT: {a}", style="bold red") for a in status.alerts]
     if not status.streams and not status.groups:
-        return Text(
-            f"no streams and no groups yet{where}: create a stream (streamworks streams "
-            "create NAME --shards N) or start a worker"
+        return Renderables(
+            *alerts,
+            Text(
+                f"no streams and no groups yet{where}: create a stream (streamworks streams "
+                "create NAME --shards N) or start a worker"
+            ),
         )
-    parts: list[Table] = [stream_table(s) for s in status.streams]
-    parts += [group_table(g, show_all=show_all) for g in status.groups]
-    return Renderables(*parts)
+    by_name = {s.name: s for s in status.streams}
+    parts: list[RenderableType] = [stream_table(s) for s in status.streams]
+    parts += [group_table(g, show_all=show_all, streams=by_name) for g in status.groups]
+    return Renderables(*alerts, *parts)

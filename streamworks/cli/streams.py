@@ -12,8 +12,15 @@ from rich.live import Live
 from rich.table import Table
 
 from streamworks.cli.client import coordinator_client
-from streamworks.cli.common import coordinator_options, fail, make_settings, run_async
-from streamworks.cli.output import make_console
+from streamworks.cli.common import (
+    EXIT_USAGE,
+    coordinator_options,
+    fail,
+    make_settings,
+    plural,
+    run_async,
+)
+from streamworks.cli.output import confirm, make_console
 from streamworks.cli.render import fence_left, stream_table
 from streamworks.exceptions import ConfigurationError
 from streamworks.protocol.shards import validate_name
@@ -39,7 +46,7 @@ def create(name: str, shards: int, **flags: Any) -> None:
         async with coordinator_client(settings) as client:
             info = await client.create_stream(name, shards)
         verb = "created" if info.created else "exists:"
-        console.print(f"{verb} stream [b]{info.name}[/b] with {info.shard_count} shards")
+        console.print(f"{verb} stream [b]{info.name}[/b] with {plural(info.shard_count, 'shard')}")
 
     run_async(run)(make_settings(**flags))
 
@@ -72,7 +79,8 @@ def ls(as_json: bool, **flags: Any) -> None:
             summary = ", ".join(f"{n} {state.lower()}" for state, n in sorted(states.items()))
             phase = (s.migration or {}).get("phase", "NONE")
             migration = f"  migration {phase}" if phase != "NONE" else ""
-            console.print(f"{s.name:30s} {s.shard_count:5d} shards ({summary}){migration}")
+            count = plural(s.shard_count, "shard")
+            console.print(f"{s.name:30s} {count:>12s} ({summary}){migration}")
 
     run_async(run)(make_settings(**flags))
 
@@ -89,7 +97,7 @@ def show(name: str, as_json: bool, **flags: Any) -> None:
             status = await client.status()
         matches = [s for s in status.streams if s.name == name]
         if not matches:
-            fail(f"unknown stream {name!r}")
+            fail(f"unknown stream {name!r} (see streamworks streams ls)", EXIT_USAGE)
         if as_json:
             click.echo(matches[0].model_dump_json(by_alias=True))
         else:
@@ -103,22 +111,34 @@ def show(name: str, as_json: bool, **flags: Any) -> None:
 @click.option("--shards", type=click.IntRange(0, 4096), required=True)
 @click.option("--wait", is_flag=True, help="follow the migration until it completes")
 @click.option("--timeout", type=float, default=None, help="give up waiting after this long (s)")
+@click.option("--yes", is_flag=True, help="do not ask (scaling to 0 shards asks first)")
 @coordinator_options
-def scale(name: str, shards: int, wait: bool, timeout: float | None, **flags: Any) -> None:
+def scale(
+    name: str, shards: int, wait: bool, timeout: float | None, yes: bool, **flags: Any
+) -> None:
     """Change a stream's shard count live (admin token).
 
     Scale-out is immediate. Scale-in marks the removed shards DRAINING: producers stop
     routing to them at once, workers read them to the end, and each is retired when
     Redis shows every group drained it. With --wait, the progress is shown until then.
+    Scaling to 0 shards asks first (--yes to skip): every publish then fails.
     """
+    _check_name(name)
+    if shards == 0:
+        confirm(
+            f"scale stream {name!r} to 0 shards? Every publish to it fails until it is "
+            "scaled out again",
+            yes=yes,
+            refused="to scale to 0 shards",
+        )
 
     async def run(settings: Settings) -> None:
         async with coordinator_client(settings) as client:
             info = await client.scale_stream(name, shards)
             draining = [s for s in info.shards if s.state == "DRAINING"]
             console.print(
-                f"stream [b]{name}[/b]: routing now has {info.shard_count} shards "
-                f"(routing v{info.routing_version}); draining: {len(draining)} shards"
+                f"stream [b]{name}[/b]: routing now has {plural(info.shard_count, 'shard')} "
+                f"(routing v{info.routing_version}); draining: {plural(len(draining), 'shard')}"
             )
             if not wait:
                 return
@@ -139,7 +159,7 @@ async def _follow(client: Any, name: str, timeout: float | None) -> None:
             status = await client.status()
             stream = next((s for s in status.streams if s.name == name), None)
             if stream is None:
-                fail(f"unknown stream {name!r}")
+                fail(f"unknown stream {name!r} (see streamworks streams ls)", EXIT_USAGE)
                 return
             draining = [s for s in stream.shards if s.state == "DRAINING"]
             elapsed = anyio.current_time() - started
@@ -157,7 +177,7 @@ async def _follow(client: Any, name: str, timeout: float | None) -> None:
                     console.print(_progress_view(stream, draining, elapsed))
                 fail(f"{name}: still draining after {timeout:.0f}s (see the table above)")
             await anyio.sleep(0.5)
-    console.print(f"[green]migration of {name} complete[/] ({stream.shard_count} shards)")
+    console.print(f"[green]migration of {name} complete[/] ({plural(stream.shard_count, 'shard')})")
 
 
 def _progress_line(stream: Any, draining: list[Any]) -> str:
@@ -170,9 +190,9 @@ def _progress_line(stream: Any, draining: list[Any]) -> str:
     if phase == "FENCING":
         left = fence_left(migration)
         step = f"{5 * math.ceil(left / 5):.0f}s" if left is not None else "?"
-        return f"FENCING: routing fence in ~{step}; {len(draining)} shards draining"
+        return f"FENCING: routing fence in ~{step}; {plural(len(draining), 'shard')} draining"
     waiting = migration.get("blocked") or {}
-    return f"{phase}: {len(draining)} shards draining, {len(waiting)} waiting"
+    return f"{phase}: {plural(len(draining), 'shard')} draining, {len(waiting)} waiting"
 
 
 def _progress_view(stream: Any, draining: list[Any], elapsed: float) -> Table:
@@ -186,7 +206,8 @@ def _progress_view(stream: Any, draining: list[Any], elapsed: float) -> Table:
             fence = f", routing fence in {left:.0f}s (drain checks start then)"
     table = Table(
         title=(
-            f"{stream.name}: phase {phase}{fence}, {len(draining)} shards draining, {elapsed:.0f}s"
+            f"{stream.name}: phase {phase}{fence}, {plural(len(draining), 'shard')} draining, "
+            f"{elapsed:.0f}s"
         ),
         title_justify="left",
     )

@@ -52,6 +52,7 @@ __all__ = (
     "ChildProcess",
     "CrashBudget",
     "Supervisor",
+    "child_commands",
     "child_environments",
     "restart_delay",
     "supervise_workers",
@@ -358,13 +359,16 @@ HTTP_SETTINGS = ("http_host", "http_enabled")
 
 
 def child_environments(
-    env: Mapping[str, str], settings: Settings, processes: int
+    env: Mapping[str, str], settings: Settings, processes: int, *, port_chosen: bool = True
 ) -> list[dict[str, str]]:
     """The environment of each of ``processes`` children.
 
     When the worker serves HTTP (``worker.http_port``), N processes cannot share one
     port: child *i* gets ``worker.http_port + i`` (0, any free port, stays 0), so each
     child is scraped on its own port. Without that setting the environments are equal.
+    A port nobody chose (``port_chosen=False``: the default) is not put in the
+    environment: each child gets it as a port to try first (:func:`child_commands`),
+    and a taken one gives way to a free port instead of a crash loop.
     """
     worker = settings.worker
     port = getattr(worker, "http_port", None)
@@ -377,10 +381,21 @@ def child_environments(
     envs = []
     for index in range(processes):
         child = dict(shared)
-        if isinstance(port, int):
+        if isinstance(port, int) and port_chosen:
             child["STREAMWORKS_WORKER__HTTP_PORT"] = str(port + index if port else 0)
         envs.append(child)
     return envs
+
+
+def child_commands(
+    argv: Sequence[str], settings: Settings, processes: int, *, port_chosen: bool
+) -> list[list[str]]:
+    """Each child's command: ``argv``, plus, when nobody chose the port, the port
+    child *i* tries first (the default + *i*)."""
+    port = settings.worker.http_port
+    if port_chosen or not port:
+        return [list(argv)] * processes
+    return [[*argv, "--default-http-port", str(port + i)] for i in range(processes)]
 
 
 def supervise_workers(
@@ -389,6 +404,8 @@ def supervise_workers(
     settings: Settings,
     flags: Mapping[str, object],
     options: Sequence[str],
+    *,
+    port_chosen: bool = True,
 ) -> int:
     """Run ``processes`` children ``streamworks worker target *options``; the exit code.
 
@@ -411,8 +428,9 @@ def supervise_workers(
         settings.supervisor.max_crashes,
         settings.supervisor.crash_window,
     )
-    envs = child_environments(env, settings, processes)
-    supervisor = Supervisor([argv] * processes, envs, settings.supervisor)
+    envs = child_environments(env, settings, processes, port_chosen=port_chosen)
+    commands = child_commands(argv, settings, processes, port_chosen=port_chosen)
+    supervisor = Supervisor(commands, envs, settings.supervisor)
     code = supervisor.run()
     if supervisor.gave_up is not None:
         click.echo(f"error: {supervisor.gave_up}", err=True)

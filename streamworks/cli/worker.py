@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ import click
 
 from streamworks.app import App
 from streamworks.cli.common import (
+    EXIT_USAGE,
     configure_logging,
     coordinator_options,
     fail,
@@ -27,6 +29,7 @@ from streamworks.cli.common import (
 )
 from streamworks.cli.logs import ContextFilter
 from streamworks.exceptions import NamespaceMismatchError
+from streamworks.protocol.control import CLIENT_METRICS
 from streamworks.redis.client import create_redis
 from streamworks.runtime.deadlines import lease_misfit
 from streamworks.runtime.http import bind, open_worker_http
@@ -59,6 +62,8 @@ log = logging.getLogger("streamworks.cli")
 @click.option(
     "--no-http", is_flag=True, help="open no port  [env STREAMWORKS_WORKER__HTTP_ENABLED=false]"
 )
+# The supervisor's children: the port to try first when none was chosen (9400 + i).
+@click.option("--default-http-port", type=click.IntRange(0, 65535), hidden=True)
 @logging_options("INFO")
 def worker(
     target: str,
@@ -67,6 +72,7 @@ def worker(
     http_port: int | None,
     http_host: str | None,
     no_http: bool,
+    default_http_port: int | None,
     log_level: str,
     log_format: str,
     **flags: Any,
@@ -74,6 +80,9 @@ def worker(
     """Run one member of the app's group: read its shards, run its handlers.
 
     Serves /metrics (Prometheus), /livez and /readyz on --http-port unless --no-http.
+    When no port was chosen (no --http-port, no STREAMWORKS_WORKER__HTTP_PORT) and the
+    default 9400 is taken (another worker on this host), a free port is used and
+    logged; a chosen port that is taken is an error.
     SIGTERM or Ctrl-C stops gracefully (finish in-flight work, ack, leave the group);
     a second signal exits at once (unfinished work stays pending for the next owner).
     With --processes N, N such workers run as children of a supervisor that restarts
@@ -91,6 +100,9 @@ def worker(
         "http_enabled": False if no_http else None,
     }
     http = {k: v for k, v in http.items() if v is not None}
+    chosen = http_port is not None or _port_in_environment()
+    if default_http_port is not None and not chosen:
+        http["http_port"] = default_http_port
     if http:
         settings = settings.model_copy(update={"worker": settings.worker.model_copy(update=http)})
     misfit = lease_misfit(settings)
@@ -102,18 +114,24 @@ def worker(
         options = ["--log-level", log_level, "--log-format", log_format]
         if concurrency is not None:
             options += ["--concurrency", str(concurrency)]
-        sys.exit(supervise_workers(target, processes, settings, flags, options))
+        sys.exit(supervise_workers(target, processes, settings, flags, options, port_chosen=chosen))
     if concurrency is not None:
         for spec in app.handlers.values():
             spec.concurrency = concurrency
-    run_async(_run)(app, settings, context)
+    run_async(_run)(app, settings, context, chosen)
 
 
-async def _run(app: App, settings: Settings, context: ContextFilter) -> None:
+def _port_in_environment() -> bool:
+    """Whether the environment chose the worker's port (names are case-insensitive, as
+    pydantic-settings reads them)."""
+    return any(name.upper() == "STREAMWORKS_WORKER__HTTP_PORT" for name in os.environ)
+
+
+async def _run(app: App, settings: Settings, context: ContextFilter, chosen: bool) -> None:
     redis = create_redis(settings)
     # Bound before joining: a taken port is one error line, not a member that joins
     # and leaves again.
-    sock = _bind(settings) if settings.worker.http_enabled else None
+    sock = _bind(settings, chosen) if settings.worker.http_enabled else None
     try:
         try:
             await redis.ping()
@@ -140,8 +158,9 @@ def _first(group: BaseExceptionGroup[Any]) -> BaseException:
 async def _serve(
     app: App, settings: Settings, redis: Any, sock: socket.socket | None, context: ContextFilter
 ) -> None:
+    info = {CLIENT_METRICS: advertised_url(sock)} if sock is not None else {}
     async with (
-        open_worker(app, settings, redis=redis) as member,
+        open_worker(app, settings, redis=redis, client_info=info) as member,
         contextlib.AsyncExitStack() as serving,
     ):
         context.fields["member"] = member.member_id
@@ -164,16 +183,36 @@ async def _serve(
             tg.cancel_scope.cancel()
 
 
-def _bind(settings: Settings) -> socket.socket:
+def _bind(settings: Settings, chosen: bool) -> socket.socket:
+    """The endpoint's socket. A port nobody chose that is taken (a second worker on
+    this host) gives way to a free one, logged; a chosen one is an error (exit 2)."""
     host, port = settings.worker.http_host, settings.worker.http_port
     try:
         return bind(host, port)
     except OSError as e:
-        fail(
-            f"cannot serve the worker's HTTP endpoint on {host}:{port}: {e.strerror or e} "
-            "(choose another --http-port, or --no-http)"
+        if chosen or port == 0 or e.errno != errno.EADDRINUSE:
+            fail(
+                f"cannot serve the worker's HTTP endpoint on {host}:{port}: "
+                f"{e.strerror or e} (choose another --http-port, or --no-http)",
+                EXIT_USAGE,
+            )
+        sock = bind(host, 0)
+        log.warning(
+            "port %d is taken (another worker on this host?): serving /metrics, /livez "
+            "and /readyz on %s instead (--http-port chooses one)",
+            port,
+            advertised_url(sock),
         )
-        raise  # unreachable
+        return sock
+
+
+def advertised_url(sock: socket.socket) -> str:
+    """The base URL others reach the endpoint at: the bound address, or this host's
+    name when bound to every interface."""
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 async def _watch_signals(member: Any) -> None:

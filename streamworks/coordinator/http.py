@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import uvicorn
 from fastapi import Depends, FastAPI, Request, params
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -309,6 +309,11 @@ def create_api(service: CoordinatorService) -> FastAPI:
     async def status(_: Path, __: None) -> StatusResponse:
         return await service.status()
 
+    # -- the root: people who open the coordinator's address want the dashboard --------
+    @api.get("/", include_in_schema=False)
+    async def root() -> Response:
+        return RedirectResponse("/ui/", status_code=307)
+
     # -- health ----------------------------------------------------------------------------
     @api.get("/livez", response_class=PlainTextResponse)
     async def livez() -> str:
@@ -320,6 +325,8 @@ def create_api(service: CoordinatorService) -> FastAPI:
             return _error(ErrorCode.COORDINATOR_TERMINATING, "terminating", 503, True)
         if not await service.redis_ok():
             return _error(ErrorCode.METADATA_UNAVAILABLE, "Redis does not answer", 503, True)
+        if service.identity.problem is not None:  # Redis lost the namespace's data
+            return _error(ErrorCode.METADATA_UNAVAILABLE, service.identity.problem, 503, False)
         return PlainTextResponse("ok")
 
     @api.get("/metrics", response_class=PlainTextResponse)

@@ -10,6 +10,7 @@ The replica's parts, each a module named after its concept:
 * ``loop.py`` — the event loop: group timers and stream migrations;
 * ``streams.py`` — creating, scaling (``resharding.py``) and routing streams;
 * ``status.py`` — the group, stream and status answers;
+* ``identity.py`` — the watch on the namespace id (Redis lost its data?);
 * ``admin.py`` — operator actions: unsubscribe, and recovery of lost metadata (E21);
 * ``replica.py`` — what the replica remembers between requests (estimates, caches);
 * ``store.py`` — every Redis command; the core (``core/``) makes every decision.
@@ -29,6 +30,7 @@ from streamworks.coordinator.core import CoreConfig
 from streamworks.coordinator.core.clock_steps import ClockStepDetector
 from streamworks.coordinator.discipline import WriteDiscipline
 from streamworks.coordinator.heartbeats import HeartbeatHandler, short_road_budget
+from streamworks.coordinator.identity import NamespaceIdentity
 from streamworks.coordinator.loop import EventLoop
 from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.replica import ReplicaState
@@ -153,6 +155,8 @@ class CoordinatorService:
             resharder=self.resharder,
         )
         self.report = StatusReport(self.store, self.streams)
+        # Redis losing this namespace's data under the running replica (identity.py).
+        self.identity = NamespaceIdentity(self, interval=settings.coordinator.loop_interval)
         self.admin = OperatorActions(
             store=self.store,
             keyspace=self.keyspace,
@@ -202,8 +206,12 @@ class CoordinatorService:
     # -- the event loop (loop.py) ---------------------------------------------------------
     async def run_loop(self) -> None:
         """The event loop of this replica (every replica runs it; the write discipline
-        makes concurrent runs safe). Runs until cancelled or terminating."""
-        await self.loop.run()
+        makes concurrent runs safe), and the watch on the namespace identity. Runs until
+        cancelled or terminating."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.identity.run)
+            await self.loop.run()
+            tg.cancel_scope.cancel()
 
     async def tick_group(self, group_id: str) -> bool:
         """Run the due timer steps of one group; whether anything was committed."""
@@ -242,7 +250,9 @@ class CoordinatorService:
     async def status(self, *, positions: bool = True) -> StatusResponse:
         """Streams and groups as recorded, with each group's ``pending``/``lag`` per shard
         (read with ``XINFO``; the coordinator never reads messages themselves, E24)."""
-        return await self.report.status(positions=positions)
+        status = await self.report.status(positions=positions)
+        alerts = self.identity.alerts()
+        return status.model_copy(update={"alerts": alerts}) if alerts else status
 
     # -- operator actions and recovery (admin.py) -----------------------------------------
     async def unsubscribe(self, request: UnsubscribeRequest) -> StatusResponse:

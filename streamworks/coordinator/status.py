@@ -30,13 +30,15 @@ class StatusReport:
         self.store = store
         self.streams = streams
 
-    async def group_info(self, group_id: str) -> GroupInfo:
-        """The group as recorded, with each member's lease; ``NOT_FOUND`` if absent."""
+    async def group_info(self, group_id: str, *, dead_letters: bool = True) -> GroupInfo:
+        """The group as recorded, with each member's lease (and its dead letters per
+        stream); ``NOT_FOUND`` if absent."""
         loaded = await self.store.load_group(group_id)
         if loaded.group is None:
             raise CoordinatorError("NOT_FOUND", f"group {group_id!r} does not exist", status=404)
         leases = await self.store.lease_expiries(group_id)
-        return _group_info(loaded.group, leases, loaded.now_ms)
+        info = _group_info(loaded.group, leases, loaded.now_ms)
+        return (await self._with_dead_letters([info]))[0] if dead_letters else info
 
     async def status(self, *, positions: bool = True) -> StatusResponse:
         """Streams and groups as recorded, with each group's ``pending``/``lag`` per shard
@@ -52,10 +54,23 @@ class StatusReport:
         groups = []
         for name in await self.store.registered_groups():
             try:
-                groups.append(await self.group_info(name))
+                groups.append(await self.group_info(name, dead_letters=False))
             except (MetadataUnavailable, CoordinatorError) as e:
                 log.warning("status: %s", e)
-        return StatusResponse(streams=streams, groups=groups)
+        groups = await self._with_dead_letters(groups)
+        return StatusResponse(streams=_with_owners(streams, groups), groups=groups)
+
+    async def _with_dead_letters(self, groups: list[GroupInfo]) -> list[GroupInfo]:
+        """Each group with the length of its dead-letter stream of every stream it
+        consumes (``XLEN``, one pipeline for all)."""
+        pairs = [(g.group, s) for g in groups for s in g.subscriptions]
+        lengths = await self.store.dead_letter_lengths(pairs)
+        return [
+            g.model_copy(
+                update={"dead_letters": {s: lengths.get((g.group, s), 0) for s in g.subscriptions}}
+            )
+            for g in groups
+        ]
 
     async def _with_positions(self, info: StreamInfo) -> StreamInfo:
         live = [s for s in info.shards if s.state != "RETIRED"]
@@ -72,6 +87,37 @@ class StatusReport:
             length, groups = position
             out.append(shard.model_copy(update={"length": length, "groups": groups}))
         return info.model_copy(update={"shards": out})
+
+
+def _with_owners(streams: list[StreamInfo], groups: list[GroupInfo]) -> list[StreamInfo]:
+    """Each shard's per-group position with the member that owns it in that group (its
+    grant is in the member's ``assigned``), so ``status --json`` says who reads what."""
+    owner = {
+        (g.group, shard): m.member_id
+        for g in groups
+        for m in g.members
+        if m.state not in _GONE
+        for shard in m.assigned
+    }
+    out = []
+    for stream in streams:
+        shards = [
+            shard.model_copy(
+                update={
+                    "groups": [
+                        p.model_copy(update={"owner": owner.get((p.group, shard.shard))})
+                        for p in shard.groups
+                    ]
+                }
+            )
+            for shard in stream.shards
+        ]
+        out.append(stream.model_copy(update={"shards": shards}))
+    return out
+
+
+#: Member states of records kept after a member left or expired.
+_GONE = frozenset({"EXPIRED", "FENCED"})
 
 
 def _group_info(group: Group, leases: Mapping[str, int], now_ms: int) -> GroupInfo:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from pydantic.alias_generators import to_camel
 
 __all__ = (
+    "CLIENT_METRICS",
     "ApiError",
     "ErrorCode",
     "GroupInfo",
@@ -94,6 +95,12 @@ class HeartbeatStatus(StrEnum):
     SYNC_METADATA = "SYNC_METADATA"
     FENCED = "FENCED"
     UNKNOWN_MEMBER = "UNKNOWN_MEMBER"
+
+
+#: The key of a member's client info (``HeartbeatRequest.client``, sent on joining)
+#: holding the base URL of its ``/metrics``, ``/livez`` and ``/readyz`` (optional: a
+#: worker run with ``--no-http`` sends none). ``status`` and the dashboard link to it.
+CLIENT_METRICS = "metrics"
 
 
 class HeartbeatRequest(_Request):
@@ -238,11 +245,15 @@ class GroupInfo(_Model):
     metadata_version: int
     subscriptions: list[str]
     members: list[MemberInfo]
+    #: Entries in the group's dead-letter stream of each stream it consumes.
+    dead_letters: dict[str, int] = Field(default_factory=dict)
 
 
 class StatusResponse(_Model):
     streams: list[StreamInfo]
     groups: list[GroupInfo]
+    #: What an operator must act on, each with its fix (e.g. Redis lost the namespace).
+    alerts: list[str] = Field(default_factory=list)
 
 
 class UnsubscribeRequest(_Request):

@@ -12,7 +12,16 @@ Hash tags decide which keys share a Redis Cluster slot:
 * each group's redelivery stream of a shard (``dlq replay`` writes there, only that
   group's owner of the shard reads it) shares the shard's tag too, so the owner's
   fenced read of it checks the same owner fence;
-* dead-letter streams and idempotency records are spread by their own names.
+* a shard's delayed messages (the delayed set, their entries, the delay id counter
+  and the wake stream) share the shard's tag too, so a delayed publish (``delay_add.lua``) and the
+  owner's move into the stream (``delay_move.lua``, fenced) are each one script in the
+  slot, and ``retire.lua`` sees them as drain blockers;
+* a schedule's tick state lives in the slot of the schedule shard (shard 0 of the
+  internal stream :attr:`Keyspace.SCHEDULE_STREAM`), beside the owner fence that every
+  write of it checks (``schedule_tick.lua``);
+* dead-letter streams and idempotency records are spread by their own names, and so
+  are a handler's rate-limit buckets, one tag per (group, stream) shared by its
+  per-key buckets so one ``rate_take.lua`` call serves a whole read batch.
 """
 
 from __future__ import annotations
@@ -55,6 +64,42 @@ class Keyspace:
     def dedup(self, shard: ShardId, event_id: str) -> str:
         """Shard-level publish dedup record of ``event_id`` (outlives the shard, E18)."""
         return f"{self.shard_tag(shard)}:dedup:{event_id}"
+
+    # -- delayed messages: in the shard's slot --------------------------------------------
+    def delayed(self, shard: ShardId) -> str:
+        """Sorted set delay id -> due ms (Redis clock) of the shard's delayed messages."""
+        return f"{self.shard_tag(shard)}:delayed"
+
+    def delayed_entries(self, shard: ShardId) -> str:
+        """Hash delay id -> the delayed message's entry fields (cmsgpack)."""
+        return f"{self.shard_tag(shard)}:delayed:entries"
+
+    def delayed_counter(self, shard: ShardId) -> str:
+        """Counter the shard's delay ids are taken from (they keep publish order)."""
+        return f"{self.shard_tag(shard)}:delayed:seq"
+
+    def delayed_wake(self, shard: ShardId) -> str:
+        """Stream (MAXLEN 1) a delayed publish adds to when its message is the shard's
+        earliest: an idle owner's wait for new entries covers it (``delay_add.lua``)."""
+        return f"{self.shard_tag(shard)}:delayed:wake"
+
+    # -- schedules: in the schedule shard's slot --------------------------------------------
+    #: The internal stream whose shard 0 carries every group's schedules: its owner for
+    #: a group publishes that group's ticks (docs/design/scheduling.md). Never scaled.
+    SCHEDULE_STREAM: ClassVar[str] = "sw-schedules"
+
+    def schedule_shard(self, incarnation: int) -> ShardId:
+        """Shard 0 of :attr:`SCHEDULE_STREAM` (its incarnation from the stream's
+        metadata)."""
+        return ShardId(self.SCHEDULE_STREAM, 0, incarnation)
+
+    def schedule_state(self, shard: ShardId, group: str, name: str) -> str:
+        """Hash of schedule ``name`` of ``group``: last, pending and next tick."""
+        return f"{self.shard_tag(shard)}:schedule:{group}:{name}"
+
+    def schedules(self, shard: ShardId, group: str) -> str:
+        """Set of the schedule names of ``group`` (what ``status`` lists)."""
+        return f"{self.shard_tag(shard)}:schedules:{group}"
 
     # -- data plane: finding and parsing shard keys (coordinator recovery) ------------
     def stream_pattern(self, stream: str) -> str:
@@ -129,6 +174,15 @@ class Keyspace:
         most once is one script (``dead_letter.lua``). Its own family (not under
         ``dlq:``), so a scan for dead-letter streams never meets one."""
         return f"{self.prefix}:dlq-written:{{{group}:{stream}}}:{source}:{entry_id}"
+
+    def rate_bucket(self, group: str, stream: str) -> str:
+        """GCRA bucket of ``group``'s handler of ``stream`` (``rate_limit=``)."""
+        return f"{self.prefix}:rate:{{{group}:{stream}}}"
+
+    def rate_key_bucket(self, group: str, stream: str, key: str) -> str:
+        """GCRA bucket of one rate-limit key (``rate_limit_key=``); in the slot of
+        :meth:`rate_bucket`."""
+        return f"{self.prefix}:rate:{{{group}:{stream}}}:k:{key}"
 
     def idempotency(self, group: str, key: str) -> str:
         """Default idempotency store record for a handler's idempotency key."""
@@ -208,6 +262,18 @@ class Keyspace:
     def redelivery_pattern(self) -> str:
         """Every per-group redelivery stream and its retry records (:meth:`redelivery`)."""
         return f"{{{self.prefix}:*}}:redeliver:*"
+
+    def delayed_pattern(self) -> str:
+        """Every shard's delayed set, entries and counter (:meth:`delayed`)."""
+        return f"{{{self.prefix}:*}}:delayed*"
+
+    def schedule_pattern(self) -> str:
+        """Every schedule state and schedule name set (:meth:`schedule_state`)."""
+        return f"{{{self.prefix}:{self.SCHEDULE_STREAM}/*}}:schedule*"
+
+    def rate_pattern(self) -> str:
+        """Every rate-limit bucket (:meth:`rate_bucket`, :meth:`rate_key_bucket`)."""
+        return f"{self.prefix}:rate:*"
 
     def dedup_pattern(self) -> str:
         """Every shard-level publish dedup record (:meth:`dedup`)."""

@@ -85,11 +85,22 @@ class NamespaceCheck:
         if found == expected:
             return
         held = "no namespace id" if found is None else f"namespace {found}"
+        # Two causes look alike from here: the wrong Redis (or prefix), or the right
+        # one after it lost its data under a running coordinator, which then says so
+        # itself (coordinator/identity.py). The advice names both.
+        lost = (
+            "that Redis lost its data (restarted without persistence?)"
+            if found is None
+            else "the coordinator is stale: that Redis lost its data and another replica "
+            "created a new namespace"
+        )
         raise NamespaceMismatchError(
             f"namespace mismatch: coordinator {coordinator} serves namespace {expected} "
             f"({theirs}), but this process's Redis {self.redis_url} holds {held} under "
             f"key prefix {self.keyspace.prefix!r} ({self.keyspace.namespace()}): use the "
-            "coordinator's Redis URL, database and key prefix"
+            f"coordinator's Redis URL, database and key prefix; if they are right, {lost}: "
+            "the coordinator's log, status and /readyz say so; restart its replicas, then "
+            "this process"
         )
 
 

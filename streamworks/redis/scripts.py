@@ -33,6 +33,8 @@ ScriptCall = tuple[str, Sequence[Arg], Sequence[Arg]]
 SCRIPT_NAMES = (
     "claim",
     "dead_letter",
+    "delay_add",
+    "delay_move",
     "fence",
     "group_commit",
     "group_create",
@@ -42,12 +44,14 @@ SCRIPT_NAMES = (
     "mutex_release",
     "prune_consumers",
     "publish_dedup",
+    "rate_take",
     "read",
     "read_gate",
     "read_ungate",
     "redeliver",
     "retire",
     "retry_record",
+    "schedule_tick",
     "shard_create",
     "shard_groups",
     "stream_commit",
@@ -84,6 +88,8 @@ class Scripts:
 
     claim: AsyncScript
     dead_letter: AsyncScript
+    delay_add: AsyncScript
+    delay_move: AsyncScript
     fence: AsyncScript
     group_commit: AsyncScript
     group_create: AsyncScript
@@ -93,12 +99,14 @@ class Scripts:
     mutex_release: AsyncScript
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
+    rate_take: AsyncScript
     read: AsyncScript
     read_gate: AsyncScript
     read_ungate: AsyncScript
     redeliver: AsyncScript
     retire: AsyncScript
     retry_record: AsyncScript
+    schedule_tick: AsyncScript
     shard_create: AsyncScript
     shard_groups: AsyncScript
     stream_commit: AsyncScript

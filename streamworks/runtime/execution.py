@@ -146,7 +146,7 @@ class HandlerRuntime:
         )
         self._runs = worker.runs
         self._logger = logging.LoggerAdapter(
-            logging.getLogger("streamworks.app"), {"group": worker.group, "stream": spec.stream}
+            logging.getLogger(worker.group), {"group": worker.group, "stream": spec.stream}
         )
 
     def _log_fields(self, message: Message) -> dict[str, str]:

@@ -40,6 +40,7 @@ import itertools
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import anyio
@@ -72,11 +73,20 @@ class CoordinatorAssignment:
     Args:
         client: the transport to the coordinator (HTTP or in-process).
         settings: the member's timers (heartbeat interval, rebalance timeout).
+        client_info: more of what the member tells about itself on joining (e.g.
+            ``CLIENT_METRICS``, where it serves ``/metrics``).
     """
 
-    def __init__(self, client: CoordinatorTransport, settings: Settings) -> None:
+    def __init__(
+        self,
+        client: CoordinatorTransport,
+        settings: Settings,
+        *,
+        client_info: Mapping[str, str] | None = None,
+    ) -> None:
         self.client = client
         self.settings = settings
+        self.client_info = dict(client_info or {})  # more of the join's client info
         self.epoch = 0
         self.metadata_version = 0
         self.status: HeartbeatStatus | None = None
@@ -113,6 +123,7 @@ class CoordinatorAssignment:
                 "host": socket.gethostname()[:200],
                 "pid": str(os.getpid()),
                 "version": "streamworks",
+                **self.client_info,
             }
             if joining
             else None,
@@ -237,6 +248,7 @@ class CoordinatorAssignment:
             if s not in grants and s not in revoke and s not in worker.revoking
         ]
         if lost:
+            log.info("no longer owns %s (moved while its lease had lapsed)", _names(lost))
             worker.drop_shards(lost)
         worker.apply_assignment(grants)
 
@@ -274,3 +286,7 @@ class CoordinatorAssignment:
             log.info("member %s left group %s", worker.member_id[:8], worker.group)
         except CoordinatorError as e:
             log.warning("leave failed (%s); the lease will expire instead", e)
+
+
+def _names(shards: list[ShardId]) -> str:
+    return ", ".join(sorted(str(s) for s in shards))

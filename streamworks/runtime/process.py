@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -40,8 +40,10 @@ async def open_worker(
     coordinator: CoordinatorTransport | None = None,
     member_id: str | None = None,
     clock: Clock | None = None,
+    client_info: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Worker]:
-    """Run one member of ``app``'s group while the block runs.
+    """Run one member of ``app``'s group while the block runs (``client_info``: more
+    of what the member tells the coordinator about itself, e.g. its metrics URL).
 
     Raises:
         StartupError: one of the app's startup hooks (or its lifespan) failed; the
@@ -55,7 +57,7 @@ async def open_worker(
             app.attached(conn),
             open_lifespan(app, shutdown_timeout=settings.worker.shutdown_timeout),
         ):
-            membership = CoordinatorAssignment(conn.coordinator, settings)
+            membership = CoordinatorAssignment(conn.coordinator, settings, client_info=client_info)
             worker = Worker(
                 app, conn.redis, membership, settings=settings, member_id=member_id, clock=clock
             )

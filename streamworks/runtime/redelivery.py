@@ -1,14 +1,14 @@
 """Per-group redelivery: dead letters replayed to one group only.
 
 ``streamworks dlq replay`` must not re-publish to the stream: every group on it would
-handle the message again. Instead :func:`redeliver` writes the dead letter's original
-entry fields (payload, key, event id, headers, publish time, format) to the
-**redelivery stream of its group on a live shard**
-(``Keyspace.redelivery(shard, group)``, in the shard's slot), through the
-``redeliver.lua`` script, which refuses a retired shard. The shard is chosen by the
-producer's routing: by the original key when there is one (so the replayed message
-joins the key's current shard and its per-key order there), else the origin shard
-while it is routable, else the sticky round-robin.
+handle the message again. Instead the replay (``streamworks.dlq``, shared by the CLI
+and the dashboard) writes the dead letter's original entry fields (payload, key,
+event id, headers, publish time, format) to the **redelivery stream of its group on
+a live shard** (``Keyspace.redelivery(shard, group)``, in the shard's slot), through
+the ``redeliver.lua`` script, which refuses a retired shard. The shard is chosen by
+the routing: by the original key when there is one (so the replayed message joins
+the key's current shard and its per-key order there), else the origin shard while it
+is routable.
 
 On the worker side, :class:`Redelivery` (one per worker) looks, every
 :data:`POLL_INTERVAL`, which of the shards it owns have a redelivery stream (one
@@ -26,137 +26,28 @@ stops its redelivery reader.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import orjson
 from redis.exceptions import RedisError
 
-from streamworks.exceptions import BackendError, ShardRetiredError
 from streamworks.protocol.shards import ShardId
-from streamworks.redis.keyspace import Keyspace
-from streamworks.redis.scripts import Scripts
 from streamworks.redis.wire import run_batch
 from streamworks.runtime.reader import ReaderState, ShardReader
-from streamworks.runtime.routing import RoutingSource, RoutingTable
 
 if TYPE_CHECKING:
     from streamworks.runtime.message import Message
     from streamworks.runtime.worker import Worker
 
-__all__ = (
-    "POLL_INTERVAL",
-    "Redelivered",
-    "Redelivery",
-    "RedeliveryReader",
-    "original_key",
-    "redeliver",
-    "target_shard",
-)
+__all__ = ("POLL_INTERVAL", "Redelivery", "RedeliveryReader")
 
 log = logging.getLogger("streamworks.redelivery")
 
 #: How often a worker looks for replayed dead letters on the shards it owns (s).
 POLL_INTERVAL = 1.0
 
-#: Entry fields of the original message kept in a dead letter (as ``o.<name>``).
-ORIGINAL_FIELDS = (b"v", b"k", b"e", b"h", b"t", b"f")
 
-
-# -- writing (the CLI side) -------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Redelivered:
-    """Where a dead letter was replayed to."""
-
-    group: str
-    stream: str
-    shard: str
-    entry_id: str
-    routing_version: int
-
-
-def original_key(dead_letter: Mapping[bytes, bytes]) -> str | None:
-    """The original key; ValueError when the entry would be poison again (a key or
-    event id that is not UTF-8, headers that are not a JSON object of strings)."""
-    raw_key = dead_letter.get(b"o.k")
-    key = raw_key.decode() if raw_key is not None else None  # UnicodeDecodeError: ValueError
-    event_id = dead_letter.get(b"o.e")
-    if event_id is not None:
-        event_id.decode()
-    raw_headers = dead_letter.get(b"o.h")
-    if raw_headers is not None:
-        headers = orjson.loads(raw_headers)  # orjson.JSONDecodeError is a ValueError
-        if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-        ):
-            raise ValueError("headers are not an object of strings")
-    return key
-
-
-def target_shard(table: RoutingTable, key: str | None, origin: str) -> ShardId:
-    """Where a replayed dead letter goes: the key's shard under ``table`` (keyed
-    messages keep their per-key order with what is published now), else its origin
-    shard while routable, else the sticky round-robin."""
-    if key is None and any(str(r.shard) == origin for r in table.shards):
-        return ShardId.parse(origin)
-    return table.route(key).shard
-
-
-async def redeliver(
-    redis: Any,
-    scripts: Scripts,
-    keyspace: Keyspace,
-    routing: RoutingSource,
-    group: str,
-    stream: str,
-    dead_letter: Mapping[bytes, bytes],
-    *,
-    max_reroutes: int = 5,
-) -> Redelivered:
-    """Replay one dead-letter entry (its raw fields) of ``group``'s dead-letter stream
-    for ``stream`` to ``group`` only.
-
-    Raises:
-        ValueError: the entry carries no original payload (nothing to replay), or its
-            origin is unreadable.
-        ShardRetiredError: routing kept pointing at retired shards.
-        BackendError: Redis failed.
-        RoutingUnavailableError / NoShardsError: from the routing source.
-    """
-    fields: list[bytes] = []
-    for name in ORIGINAL_FIELDS:
-        value = dead_letter.get(b"o." + name)
-        if value is not None:
-            fields += [name, value]
-    if b"o.v" not in dead_letter:
-        raise ValueError("no original payload")
-    origin = dead_letter.get(b"shard", b"").decode()
-    key = original_key(dead_letter)
-    # Where it came from, for whoever looks at the message (ignored by the decoder).
-    fields += [b"r.origin", f"{origin} {dead_letter.get(b'entry_id', b'').decode()}".encode()]
-    for _ in range(max_reroutes):
-        table = await routing.routing(stream)
-        shard = target_shard(table, key, origin)
-        try:
-            reply = await scripts.redeliver(
-                keys=[keyspace.stream(shard), keyspace.redelivery(shard, group)],
-                args=[group, *fields],
-            )
-        except RedisError as e:
-            raise BackendError(f"redelivery to {shard} failed: {e}") from e
-        if reply[0] == 1:
-            entry = reply[1]
-            entry_id = entry.decode() if isinstance(entry, bytes) else str(entry)
-            return Redelivered(group, stream, str(shard), entry_id, table.version)
-        routing.invalidate(stream, table.version)  # retired since the table was issued
-    raise ShardRetiredError(
-        f"stream {stream!r}: routing still pointed at retired shards after {max_reroutes} refreshes"
-    )
-
-
-# -- reading (the worker side) ----------------------------------------------------------
 class RedeliveryReader(ShardReader):
     """Reads the group's redelivery stream of one owned shard, under the shard
     reader's grant; its messages count as the shard reader's outstanding work."""

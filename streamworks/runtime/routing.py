@@ -3,9 +3,9 @@
 A :class:`RoutingTable` is one version of a stream's routing: its routable (ACTIVE)
 shards in index order, the routing protocol, and until when it may be used (the
 routing lease, E15). Keys are placed with **jump consistent hashing** over the
-xxHash64 of the key (protocol ``jump-xxh64-v1``), so the same protocol, shard count
-and key always give the same shard (E17), and growing from N to N+1 shards moves
-only about 1/(N+1) of the keys. Unkeyed messages use a sticky round-robin: a run of
+xxHash64 of the key (protocol ``jump-xxh64-v1``, ``streamworks.protocol.routing``,
+shared with dead-letter replay), so the same protocol, shard count and key always
+give the same shard (E17). Unkeyed messages use a sticky round-robin: a run of
 messages goes to one shard before the next shard is used, which keeps pipelines
 dense without favouring any shard.
 
@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import xxhash
-
 from streamworks.exceptions import NoShardsError, RoutingUnavailableError
+from streamworks.protocol.routing import ROUTING_PROTOCOL, jump_hash, key_hash
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 
@@ -36,28 +35,6 @@ __all__ = (
     "jump_hash",
     "key_hash",
 )
-
-#: The routing protocol implemented here.
-ROUTING_PROTOCOL = "jump-xxh64-v1"
-
-_MASK64 = 0xFFFFFFFFFFFFFFFF
-
-
-def jump_hash(key: int, buckets: int) -> int:
-    """Jump consistent hash (Lamping & Veach, 2014) of a 64-bit key into ``buckets``."""
-    if buckets <= 0:
-        raise ValueError("buckets must be positive")
-    b, j = -1, 0
-    while j < buckets:
-        b = j
-        key = (key * 2862933555777941757 + 1) & _MASK64
-        j = int((b + 1) * (2147483648.0 / ((key >> 33) + 1)))
-    return b
-
-
-def key_hash(key: str | bytes) -> int:
-    """xxHash64 (seed 0) of the key's UTF-8 bytes."""
-    return xxhash.xxh64_intdigest(key.encode() if isinstance(key, str) else key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -270,6 +270,7 @@ class Worker:
             if reader is None:
                 continue
             self.revoking.add(shard)
+            log.info("giving %s up (revoked: it moves to another member once drained)", shard)
             reader.stop(ReaderState.DRAINED)
 
     def drop_shards(self, shards: Iterable[ShardId] | None = None) -> None:

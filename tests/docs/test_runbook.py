@@ -13,11 +13,15 @@ import pytest
 from tests.deploy.support import allowed_env_names, check_command_line
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-PAGES = ("runbook.md", "deploy.md", "examples.md")
+PAGES = ("runbook.md", "deploy.md", "examples.md", "quickstart.md", "install.md")
 SHELL = re.compile(r"```(?:sh|bash|console)\n(?P<body>.*?)```", re.S)
 ENV = re.compile(r"\bSTREAMWORKS_[A-Z0-9_]+")
-#: Variables of the test suite, not of streamworks processes.
-TEST_ENV = {"STREAMWORKS_TEST_REDIS_URL", "STREAMWORKS_TEST_POSTGRES_URL"}
+#: Variables of the test suite and the embedded server, not settings of processes.
+TEST_ENV = {
+    "STREAMWORKS_TEST_REDIS_URL",
+    "STREAMWORKS_TEST_POSTGRES_URL",
+    "STREAMWORKS_REDIS_SERVER",
+}
 
 
 def command_lines(page: str) -> list[list[str]]:
@@ -28,8 +32,8 @@ def command_lines(page: str) -> list[list[str]]:
     for block in SHELL.finditer((DOCS / page).read_text()):
         for line in block["body"].splitlines():
             words = shlex.split(line, comments=True)
-            if words[:2] == ["docker", "build"]:
-                continue  # names the image, runs nothing
+            if words[:2] == ["docker", "build"] or words[:1] == ["pip"]:
+                continue  # names the image or the package, runs nothing
             for program in ("streamworks", "streamworks:local"):
                 if program in words:
                     args = words[words.index(program) + 1 :]
@@ -51,6 +55,7 @@ def test_the_runbook_covers_the_seed_questions() -> None:
     assert headings == [
         "Coordinator rolling restart",
         "Redis restart or failover",
+        "Redis lost its data",
         "All members gone",
         "A shard stuck DRAINING",
         "A poison message",

@@ -204,7 +204,7 @@ async def test_dlq_ls_show_replay_purge(cluster: Cluster, redis: Any) -> None:
         await redis.xadd(dlq_key, {"reason": "poison", "o.v": b"{}", "o.k": b"\xff\xfe"})
         kept = await cluster.cli("dlq", "replay", GROUP, STREAM, env=WIDE)
         assert kept.returncode == 0, text(kept)
-        assert "replayed 0, kept 2" in text(kept)[0], text(kept)
+        assert re.search(r"replayed 0 .*kept 2", text(kept)[0]), text(kept)
         assert await redis.xlen(dlq_key) == 2
 
 

@@ -143,7 +143,49 @@ async def test_a_taken_port_is_one_error_line(cluster: Cluster) -> None:
         port = taken.getsockname()[1]
         worker = cluster.start_worker("worker", args=["--http-port", str(port)])
         code = await worker.wait_exit(20)
-    assert code != 0
-    lines = worker.output().strip().splitlines()
-    assert lines[-1].startswith("error: cannot serve the worker's HTTP endpoint"), lines
-    assert "Traceback" not in worker.output()
+        # Chosen in the environment instead of by the flag: the same.
+        by_env = cluster.start_worker("by-env", STREAMWORKS_WORKER__HTTP_PORT=str(port))
+        env_code = await by_env.wait_exit(20)
+    assert code == 2 and env_code == 2  # as the coordinator's --port (docs/cli.md)
+    for proc in (worker, by_env):
+        lines = proc.output().strip().splitlines()
+        assert lines[-1].startswith("error: cannot serve the worker's HTTP endpoint"), lines
+        assert f"127.0.0.1:{port}" in lines[-1]
+        assert "Traceback" not in proc.output()
+
+
+async def test_a_second_worker_on_a_host_takes_another_port_and_says_where(
+    cluster: Cluster,
+) -> None:
+    """No port chosen and the default taken (a second worker on the host): a free port,
+    logged; each member reports its metrics address, and status shows both. (The
+    default is 9400; ``--default-http-port``, which the supervisor gives its children,
+    stands in for it here, so the test does not depend on 9400 being free.)"""
+    cluster.base_env.pop("STREAMWORKS_WORKER__HTTP_PORT")  # nobody chooses the port
+    coordinator = cluster.start_coordinator()
+    await wait_ready(coordinator)
+    await create_stream(cluster)
+    default = free_port()
+    first = cluster.start_worker("first", args=["--default-http-port", str(default)])
+    async with cluster.client() as client:
+        await wait_stable(client, 1)
+        second = cluster.start_worker("second", args=["--default-http-port", str(default)])
+        group = await wait_stable(client, 2)
+    assert first.alive() and second.alive()
+    assert f"metrics at http://127.0.0.1:{default}/metrics" in first.output()
+    moved = re.search(
+        rf"port {default} is taken \(another worker on this host\?\): serving /metrics, "
+        r"/livez and /readyz on (http://127\.0\.0\.1:(\d+)) instead",
+        second.output(),
+    )
+    assert moved is not None, second.output()
+    assert int(moved[2]) != default
+    urls = sorted(m.client.get("metrics", "") for m in group.members if m.state == "STABLE")
+    assert urls == sorted([f"http://127.0.0.1:{default}", moved[1]])
+    for url in urls:
+        answer = await get(f"{url}/metrics")
+        assert answer.status_code == 200 and "streamworks_shards_owned" in answer.text
+    shown = await cluster.cli("status", env={"COLUMNS": "250"})
+    assert shown.returncode == 0
+    for url in urls:
+        assert f"{url}/metrics" in shown.stdout.decode()

@@ -1,6 +1,8 @@
 """Replaying a dead letter reaches only the group whose DLQ it is (issue 12 item 4):
 it goes to that group's redelivery stream of the key's shard, the shard's owner
-handles it with the same handler, and no other group on the stream sees it again."""
+handles it with the same handler, and no other group on the stream sees it again.
+The replay is the library's (``streamworks.dlq``, what the CLI and the dashboard
+call), routed by the in-process coordinator."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ from typing import Any
 import pytest
 
 from streamworks import App, Message, RetryPolicy
+from streamworks.dlq import DeadLetters, Replayed, Selection
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
-from streamworks.runtime.redelivery import redeliver
 from streamworks.settings import Settings
 from streamworks.testing import TestRuntime
 from tests.support import wait_for
@@ -54,19 +56,10 @@ async def test_replay_reaches_only_the_dead_letters_group(
         await wait_for(lambda: sorted(seen_b) == [0, 1, 2], 10, "group gb to handle all")
         dlq_key = keyspace.dead_letters("ga", "orders")
         await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "ga's dead letter")
-        [(_, fields)] = await redis.xrange(dlq_key)
+        [(dlq_id, _)] = await redis.xrange(dlq_key)
 
         broken.clear()  # the bug is fixed; replay it
-        assert rt_a.connection is not None
-        result = await redeliver(
-            redis,
-            rt_a.connection.scripts,
-            keyspace,
-            rt_a.connection.routing,
-            "ga",
-            "orders",
-            fields,
-        )
+        result = await replay(rt_a, redis, keyspace, dlq_id)
         assert result.shard == published[1].shard  # the key's shard: per-key order holds
         await wait_for(lambda: (1, published[1].shard, 1) in seen_a, 10, "ga to handle it")
 
@@ -97,11 +90,7 @@ async def test_a_replayed_message_that_fails_again_is_dead_lettered_again(
         dlq_key = keyspace.dead_letters("ga", "orders")
         await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the dead letter")
         [(first_id, fields)] = await redis.xrange(dlq_key)
-        await redis.xdel(dlq_key, first_id)
-        assert rt.connection is not None
-        result = await redeliver(
-            redis, rt.connection.scripts, keyspace, rt.connection.routing, "ga", "orders", fields
-        )
+        result = await replay(rt, redis, keyspace, first_id)  # removed from the DLQ
         await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the second dead letter")
         [(_, again)] = await redis.xrange(dlq_key)
         assert again[b"o.v"] == fields[b"o.v"] and again[b"o.k"] == b"seven"
@@ -113,6 +102,16 @@ async def test_a_replayed_message_that_fails_again_is_dead_lettered_again(
         fence = (await redis.get(keyspace.fence(shard, "ga"))).decode()
         assert fence.split(":", 1)[1] == again[b"member"].decode()
         await wait_for(lambda: _xlen(redis, keyspace.redelivery(shard, "ga"), 0), 10, "the XDEL")
+
+
+async def replay(rt: TestRuntime, redis: Any, keyspace: Keyspace, dlq_id: bytes) -> Replayed:
+    """Replay one dead letter of group ``ga`` for ``orders`` as the CLI does."""
+    assert rt.service is not None
+    dead_letters = DeadLetters(redis, keyspace, routing=rt.service)
+    done = await dead_letters.replay("ga", "orders", Selection.of(ids=[dlq_id.decode()]))
+    assert not done.kept
+    [replayed] = done.replayed
+    return replayed
 
 
 async def _xlen(redis: Any, key: str, n: int) -> bool:
@@ -130,15 +129,11 @@ async def test_replay_of_a_message_from_a_retired_shard_follows_its_key(
     async with TestRuntime(
         app_a, workers=1, redis_url=streamworks_redis_url, key_prefix=settings.key_prefix
     ) as rt:
-        fields = await _dead_letter_on_shard_1(rt, app_a, redis, keyspace)
+        dlq_id = await _dead_letter_on_shard_1(rt, app_a, redis, keyspace)
         await rt.scale("orders", 1)
         assert not await redis.exists(keyspace.stream(ShardId("orders", 1, 0)))
         broken.clear()
-        assert rt.connection is not None
-        connection = rt.connection
-        result = await redeliver(
-            redis, connection.scripts, keyspace, connection.routing, "ga", "orders", fields
-        )
+        result = await replay(rt, redis, keyspace, dlq_id)
         assert result.shard == "orders/0@0"
         # Handled by shard 0's owner, as a message of shard 0 (its lane, its retries).
         await wait_for(lambda: (5, "orders/0@0", 1) in seen_a, 10, "ga to handle it")
@@ -147,20 +142,20 @@ async def test_replay_of_a_message_from_a_retired_shard_follows_its_key(
 
 async def _dead_letter_on_shard_1(
     rt: TestRuntime, app: App, redis: Any, keyspace: Keyspace
-) -> dict[bytes, bytes]:
+) -> bytes:
     """Publish the broken value 5 under a key that routes to shard 1 of 2 (and so to
-    shard 0 once there is one shard); return its dead letter's fields."""
+    shard 0 once there is one shard); return its dead letter's id."""
     key = next(k for k in (f"key{i}" for i in range(100)) if _shard_of(rt, k) == 1)
     await app.publish("orders", {"n": 5}, key=key)
     dlq_key = keyspace.dead_letters("ga", "orders")
     await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "the dead letter")
-    [(_, fields)] = await redis.xrange(dlq_key)
+    [(dlq_id, fields)] = await redis.xrange(dlq_key)
     assert fields[b"shard"] == b"orders/1@0"
-    return dict(fields)
+    return bytes(dlq_id)
 
 
 def _shard_of(rt: TestRuntime, key: str) -> int:
-    from streamworks.runtime.routing import jump_hash, key_hash
+    from streamworks.protocol.routing import jump_hash, key_hash
 
     return jump_hash(key_hash(key), 2)
 
@@ -179,14 +174,10 @@ async def test_a_replayed_dead_letter_on_a_draining_shard_keeps_it_until_handled
     async with TestRuntime(
         app_a, workers=1, redis_url=streamworks_redis_url, key_prefix=settings.key_prefix
     ) as rt:
-        fields = await _dead_letter_on_shard_1(rt, app_a, redis, keyspace)
+        dlq_id = await _dead_letter_on_shard_1(rt, app_a, redis, keyspace)
         await rt.stop_worker(0)  # nobody of group ga runs from here on
         broken.clear()
-        assert rt.connection is not None
-        connection = rt.connection
-        result = await redeliver(
-            redis, connection.scripts, keyspace, connection.routing, "ga", "orders", fields
-        )
+        result = await replay(rt, redis, keyspace, dlq_id)
         assert result.shard == str(removed)
 
         await rt.scale("orders", 1, wait=False)

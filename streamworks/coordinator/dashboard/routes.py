@@ -1,23 +1,36 @@
-"""The dashboard's routes under ``/ui`` (read-only; left out of the OpenAPI document).
+"""The dashboard's routes under ``/ui`` (left out of the OpenAPI document).
 
 * ``GET /ui/`` — the page; without credentials a 401 with the login form;
 * ``GET /ui/panels`` — the page's panels alone, fetched every 2 s by ``refresh.js``;
 * ``POST /ui/login`` — the form's token in, a session cookie out (``auth.py``);
 * ``POST /ui/logout`` — the cookie cleared;
-* ``GET /ui/static/<file>`` — the stylesheet and the script, from the package.
+* ``GET /ui/static/<file>`` — the stylesheet and the script, from the package;
+* the admin's actions on dead letters and streams (``actions.py``).
+
+Every page sets the browser's CSRF cookie when it has none (``auth.py``); the forms
+of the actions repeat it.
 """
 
 from __future__ import annotations
 
 from importlib import resources
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from streamworks.coordinator.dashboard.auth import COOKIE, SESSION_SECONDS, DashboardAuth
+from streamworks.coordinator.dashboard.actions import actions_router
+from streamworks.coordinator.dashboard.auth import (
+    COOKIE,
+    CSRF_COOKIE,
+    SESSION_SECONDS,
+    DashboardAuth,
+    new_csrf,
+    same_origin,
+)
+from streamworks.coordinator.dashboard.throughput import Throughput
 from streamworks.coordinator.dashboard.views import Page, build_page
 from streamworks.coordinator.observation import Observer
 
@@ -48,6 +61,7 @@ _HEADERS = {
 def dashboard_router(service: CoordinatorService, observer: Observer) -> APIRouter:
     """The ``/ui`` routes of one replica."""
     auth = DashboardAuth(service.settings)
+    throughput = Throughput(service.clock)
     templates = Environment(
         loader=PackageLoader("streamworks.coordinator.dashboard", "templates"),
         autoescape=select_autoescape(default=True),
@@ -55,18 +69,39 @@ def dashboard_router(service: CoordinatorService, observer: Observer) -> APIRout
     )
     router = APIRouter(include_in_schema=False)
 
-    def html(name: str, status: int = 200, **context: object) -> HTMLResponse:
+    def html(
+        name: str, status: int = 200, request: Request | None = None, **context: object
+    ) -> HTMLResponse:
+        csrf = request.cookies.get(CSRF_COOKIE) if request is not None else None
+        # Only for someone logged in: the login form itself needs no CSRF token.
+        fresh = new_csrf() if request is not None and not csrf and auth.allows(request) else None
         body = templates.get_template(name).render(
-            replica=service.replica, refresh_ms=REFRESH_MS, auth=auth.required, **context
+            replica=service.replica,
+            refresh_ms=REFRESH_MS,
+            auth=auth.required,
+            admin=request is not None and auth.role(request) == "admin",
+            csrf=csrf or fresh or "",
+            **context,
         )
-        return HTMLResponse(body, status_code=status, headers=_HEADERS)
+        response = HTMLResponse(body, status_code=status, headers=_HEADERS)
+        if fresh is not None and request is not None:
+            response.set_cookie(
+                CSRF_COOKIE,
+                fresh,
+                path="/ui",
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+        return response
 
-    def login_form(status: int, message: str | None = None) -> HTMLResponse:
-        return html("login.html", status, message=message)
+    def login_form(request: Request, status: int, message: str | None = None) -> HTMLResponse:
+        return html("login.html", status, request, message=message)
 
     async def current_page() -> Page:
         observation = await observer.observe()
-        return build_page(observation, observer.history, service.replica)
+        rates = await throughput.rates(observation.status)
+        return build_page(observation, observer.history, service.replica, rates)
 
     @router.get("/ui")
     async def ui_root() -> Response:
@@ -75,8 +110,8 @@ def dashboard_router(service: CoordinatorService, observer: Observer) -> APIRout
     @router.get("/ui/")
     async def ui(request: Request) -> Response:
         if not auth.allows(request):
-            return login_form(401)
-        return html("dashboard.html", page=await current_page())
+            return login_form(request, 401)
+        return html("dashboard.html", 200, request, page=await current_page())
 
     @router.get("/ui/panels")
     async def panels(request: Request) -> Response:
@@ -86,27 +121,27 @@ def dashboard_router(service: CoordinatorService, observer: Observer) -> APIRout
                 status_code=401,
                 headers=_HEADERS,
             )
-        return html("panels.html", page=await current_page())
+        return html("panels.html", 200, request, page=await current_page())
 
     @router.get("/ui/login")
-    async def login_page() -> Response:
-        return login_form(200)
+    async def login_page(request: Request) -> Response:
+        return login_form(request, 200)
 
     @router.post("/ui/login")
     async def login(request: Request) -> Response:
-        if not _same_origin(request):
-            return login_form(403, "cross-site login refused")
+        if not same_origin(request):
+            return login_form(request, 403, "cross-site login refused")
         body = b""
         async for chunk in request.stream():
             body += chunk
             if len(body) > MAX_LOGIN_BODY:
-                return login_form(413, "login form too large")
+                return login_form(request, 413, "login form too large")
         values = parse_qs(body.decode("utf-8", "replace"), max_num_fields=4).get("token", [""])
         if not auth.required:
             return _to_dashboard(request, None)
         session = auth.session_for(values[0].strip())
         if session is None:
-            return login_form(401, "wrong token")
+            return login_form(request, 401, "wrong token")
         return _to_dashboard(request, session)
 
     @router.post("/ui/logout")
@@ -134,6 +169,7 @@ def dashboard_router(service: CoordinatorService, observer: Observer) -> APIRout
             headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
         )
 
+    router.include_router(actions_router(service, auth, html))
     return router
 
 
@@ -150,12 +186,3 @@ def _to_dashboard(request: Request, session: str | None) -> Response:
             secure=request.url.scheme == "https",
         )
     return response
-
-
-def _same_origin(request: Request) -> bool:
-    """Whether a form POST comes from this very site (browsers send ``Origin`` on a
-    POST; a client without it, like curl, is not a browser tricked by another site)."""
-    origin = request.headers.get("origin")
-    if origin is None or origin == "null":
-        return origin is None
-    return urlsplit(origin).netloc == request.headers.get("host", "")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from markupsafe import Markup
 
+from streamworks.coordinator.dashboard.throughput import GroupRate, metrics_url
 from streamworks.coordinator.observation import Observation, Sample
 from streamworks.protocol.control import GroupInfo, MemberInfo, StreamInfo
 
@@ -31,6 +32,7 @@ class MemberRow:
     revoking: list[str]
     pending: list[str]  # in its target, not granted yet
     colour: int | None  # None for a member that left (EXPIRED, FENCED)
+    metrics: str | None  # its /metrics URL, when it serves one over http(s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class GroupView:
     live: int
     members: list[MemberRow]
     maps: list[StreamMap]
+    hint: str | None = None  # why some members have nothing to read
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,23 +109,35 @@ class DeadLetterRow:
 
 
 @dataclass(frozen=True, slots=True)
+class RateRow:
+    group: str
+    handled: str  # per second, or "–" before two readings
+    failed: str
+    failure_rate: str
+    read: str  # "2 of 3 members"
+
+
+@dataclass(frozen=True, slots=True)
 class Page:
     replica: str
     error: str | None
+    alerts: list[str] = field(default_factory=list)
     streams: list[StreamRow] = field(default_factory=list)
     groups: list[GroupView] = field(default_factory=list)
     positions: list[PositionRow] = field(default_factory=list)
     migrations: list[MigrationView] = field(default_factory=list)
     dead_letters: list[DeadLetterRow] = field(default_factory=list)
+    rates: list[RateRow] = field(default_factory=list)
 
 
 def build_page(
     observation: Observation,
     history: Callable[[str, str], Sequence[Sample]],
     replica: str,
+    rates: Sequence[GroupRate] = (),
 ) -> Page:
     """The whole dashboard for one observation; ``history(group, shard)`` gives the
-    samples of a sparkline."""
+    samples of a sparkline, ``rates`` each group's handled/s from its members."""
     status = observation.status
     if status is None:
         return Page(replica, observation.error)
@@ -130,6 +145,8 @@ def build_page(
     return Page(
         replica=replica,
         error=None,
+        alerts=list(status.alerts),
+        rates=[_rate_row(r) for r in rates],
         streams=[_stream_row(s) for s in status.streams],
         groups=[_group_view(g, by_name) for g in status.groups],
         positions=[
@@ -157,6 +174,20 @@ def build_page(
     )
 
 
+def _rate_row(rate: GroupRate) -> RateRow:
+    def per_s(value: float | None) -> str:
+        return "–" if value is None else f"{value:,.1f}/s"
+
+    failure = rate.failure_rate
+    return RateRow(
+        rate.group,
+        per_s(rate.handled_per_s),
+        per_s(rate.failed_per_s),
+        "–" if failure is None else f"{failure:.1%}",
+        f"{rate.read} of {rate.members}",
+    )
+
+
 def _stream_row(stream: StreamInfo) -> StreamRow:
     return StreamRow(
         stream.name,
@@ -181,6 +212,7 @@ def _member_row(member: MemberInfo, colour: int | None) -> MemberRow:
         revoking=sorted(member.pending_revocation),
         pending=sorted(set(member.target) - set(member.assigned)),
         colour=colour,
+        metrics=metrics_url(member.client),
     )
 
 
@@ -208,6 +240,15 @@ def _group_view(group: GroupInfo, streams: dict[str, StreamInfo]) -> GroupView:
             for s in stream.shards
         ]
         maps.append(StreamMap(name, cells))
+    idle = [m for m in live if not m.assigned and not m.target and m.state == "STABLE"]
+    hint = None
+    if idle and group.state == "STABLE":
+        shards = sum(streams[s].shard_count for s in group.subscriptions if s in streams)
+        hint = (
+            f"{len(idle)} of {len(live)} members have no shards: one member reads a shard, "
+            f"and the group's streams have {shards}. They take over when another member "
+            "stops; to use them, scale a stream out."
+        )
     return GroupView(
         name=group.group,
         state=group.state,
@@ -217,6 +258,7 @@ def _group_view(group: GroupInfo, streams: dict[str, StreamInfo]) -> GroupView:
         live=len(rows),
         members=rows + [_member_row(m, None) for m in gone],
         maps=maps,
+        hint=hint,
     )
 
 

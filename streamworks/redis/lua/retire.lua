@@ -28,14 +28,18 @@
 --
 -- Replayed dead letters (``dlq replay``) wait in each group's redelivery stream of the
 -- shard, read by the shard's owner and deleted once handled: one that still holds an
--- entry keeps the shard (retiring it would delete a message nobody handled).
+-- entry keeps the shard (retiring it would delete a message nobody handled). So does
+-- the shard's delayed set (a sorted set among those keys, which XLEN refuses) while
+-- it holds a delayed message: the shard's owner moves it into the stream when it is
+-- due, and only then can it be read and the shard drained.
 --
 -- KEYS[1]   shard stream
 -- KEYS[2]   the shard's group set (deleted with it)
--- KEYS[3..2+n] the groups' redelivery streams (must be empty; deleted with it)
+-- KEYS[3..2+n] the groups' redelivery streams and the shard's delayed set (must be
+--              empty; deleted with it)
 -- KEYS[3+n..] more keys to delete with it (fences, retry records)
 -- ARGV[1]   'check' | 'retire' | 'repair'
--- ARGV[2]   n, the number of redelivery streams in KEYS
+-- ARGV[2]   n, the number of those keys (redelivery streams, delayed set) in KEYS
 -- ARGV[3..] groups the registry says must exist on the shard
 --
 -- Returns  {2}              the shard key is already gone
@@ -87,8 +91,18 @@ for _, name in ipairs(order) do
   end
 end
 for i = 3, 2 + redeliveries do
-  local waiting = redis.call('XLEN', KEYS[i])
-  if waiting > 0 then
+  local waiting = redis.pcall('XLEN', KEYS[i])
+  if type(waiting) == 'table' then
+    -- Not a stream (WRONGTYPE): the shard's delayed set (delay_add.lua), messages not
+    -- in the stream yet. (Told apart this way, not with TYPE, so a caller that passes
+    -- only redelivery streams needs no permission it did not need before.)
+    local delayed = redis.call('ZCARD', KEYS[i])
+    if delayed > 0 then
+      local head = redis.call('ZRANGE', KEYS[i], 0, 0, 'WITHSCORES')
+      reasons[#reasons + 1] = KEYS[i] .. ' holds ' .. delayed
+        .. ' delayed message(s) not in the stream yet (next due at ' .. head[2] .. ' ms)'
+    end
+  elseif waiting > 0 then
     reasons[#reasons + 1] = KEYS[i] .. ' holds ' .. waiting .. ' replayed dead letter(s) not handled yet'
   end
 end

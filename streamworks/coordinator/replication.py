@@ -35,7 +35,7 @@ from typing import Any
 
 import anyio
 from redis.asyncio import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from streamworks.exceptions import CoordinatorError
 from streamworks.redis.cluster import node_for_key
@@ -48,6 +48,9 @@ log = logging.getLogger("streamworks.coordinator.replication")
 
 #: The key of a single server's one node in the per-node maps.
 _SINGLE = ""
+
+#: Seconds between two log lines saying the replicas cannot be counted.
+_REPORT_EVERY = 60.0
 
 
 class NotReplicated(CoordinatorError):
@@ -128,6 +131,7 @@ class ReplicaWaits:
         self._cluster = isinstance(redis, RedisCluster)
         self._required: dict[str, int] = {}
         self._checked = -float("inf")
+        self._refusal_logged = -float("inf")
         self._checking = anyio.Lock()
 
     def log(self) -> WaitLog:
@@ -155,6 +159,20 @@ class ReplicaWaits:
                 else:
                     info = await self.redis.info("replication")
                     counted = {_SINGLE: in_sync_replicas(info, self.max_lag)}
+            except ResponseError as e:
+                # Refused (an ACL user without INFO): the writes cannot know what to
+                # wait for, and go on without waiting. Said loudly, not guessed silently.
+                self._checked = time.monotonic()
+                if time.monotonic() - self._refusal_logged >= _REPORT_EVERY:
+                    self._refusal_logged = time.monotonic()
+                    log.error(
+                        "cannot count the replicas (INFO replication refused: %s): "
+                        "control-plane writes do NOT wait for replicas; grant the "
+                        "coordinator's Redis user +info and +wait, or set "
+                        "coordinator.replica_wait to a number",
+                        e,
+                    )
+                return
             except RedisError as e:
                 # Keep the last count: a node that cannot be asked cannot be written
                 # either, and the write's own error says so.

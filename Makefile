@@ -48,6 +48,10 @@ docs: $(DOCS_STAMP) ## the documentation site into site/: --strict, then every l
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 	$(PY) -m tests.docs.link_check site $(if $(DOCS_EXTERNAL),--external)
 
+.PHONY: model
+model: ## the Quint model of the protocol: typecheck, witness tests, seeded exploration (spec/run.sh)
+	@spec/run.sh
+
 bench: venv ## the benchmark suite: raw redis-py and the peers, in one run
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r bench/requirements.txt
 	$(PY) bench/run_all.py

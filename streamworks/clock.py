@@ -8,12 +8,20 @@ are ``Clock.time()`` (wall clock, shared with other members); coordinator deadli
 are Redis server time plus :attr:`Clock.offset_ms`. What bounds real work stays in
 real time: handler timeouts, the shutdown timeout, connection attempts.
 
+``Clock.monotonic()`` counts the time a host spends suspended (:func:`boottime`):
+``time.monotonic()`` stops while a laptop, a VM or a container host sleeps, and a
+member resumed after its lease would believe the lease still valid. Linux:
+``CLOCK_BOOTTIME``. macOS (and other systems with ``clock_gettime`` but no
+``CLOCK_BOOTTIME``): ``CLOCK_MONOTONIC``, which macOS keeps counting in sleep.
+Elsewhere (Windows): ``time.monotonic()``, which may not; the coordinator's expiry and
+the fenced reads then bound what a resumed member can do (``docs/guarantees.md``).
+
 Moving the offset forward (:meth:`Clock.advance`) makes every lease, deadline and
 backoff come due at once, without sleeping. Waiting respects that: code that waits
 for a point in clock time uses :meth:`Clock.sleep_until` / :meth:`Clock.move_on_at`
 or registers an :meth:`Clock.on_advance` callback that re-checks its timers, so an
 advance past the deadline ends the wait at once. Reading the clock costs one
-``time.monotonic()`` (or ``time.time()``) call plus an addition, as before.
+``clock_gettime`` (or ``time.time()``) call plus an addition, as before.
 """
 
 from __future__ import annotations
@@ -21,10 +29,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 
 import anyio
 
-__all__ = ("Clock",)
+__all__ = ("Clock", "boottime")
+
+
+def _suspend_aware() -> Callable[[], float]:
+    """The reader of the clock that counts suspend (a partial: one C call per read)."""
+    if not hasattr(time, "clock_gettime"):
+        return time.monotonic
+    clock_id = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock_id is None:
+        clock_id = getattr(time, "CLOCK_MONOTONIC", None)
+    return time.monotonic if clock_id is None else partial(time.clock_gettime, clock_id)
+
+
+#: Seconds since an arbitrary point, counting suspend (see the module docstring).
+boottime: Callable[[], float] = _suspend_aware()
 
 
 class Clock:
@@ -38,8 +61,8 @@ class Clock:
         self._listeners: set[Callable[[], None]] = set()
 
     def monotonic(self) -> float:
-        """``time.monotonic()`` plus the offset: leases, backoffs, parks."""
-        return time.monotonic() + self.offset
+        """:func:`boottime` plus the offset: leases, backoffs, parks."""
+        return boottime() + self.offset
 
     def time(self) -> float:
         """``time.time()`` plus the offset: wall-clock times written to Redis."""

@@ -107,6 +107,39 @@ class CoordinatorSettings(BaseModel):
     cas_retries: int = Field(5, ge=1, description="reload+retry rounds before CONFLICT")
     loop_interval: float = Field(0.5, gt=0, description="expiry/deadline/migration loop period")
     assignment_interval: float = Field(0.25, ge=0, description="batching of target computation")
+    # Control-plane writes that wait for Redis replicas (coordinator/replication.py,
+    # docs/configuration.md#replication-of-control-plane-writes).
+    replica_wait: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "replicas a commit, fence or lease write waits for (WAIT); None/auto: every "
+            "replica in sync; 0: never wait"
+        ),
+    )
+    replica_wait_timeout: float = Field(
+        1.0, gt=0, le=60, description="longest WAIT; fewer acknowledgements: not done (s)"
+    )
+    replica_max_lag: float = Field(
+        5.0, gt=0, description="a replica acknowledging later than this is not in sync (s)"
+    )
+    replica_check_interval: float = Field(
+        1.0, gt=0, description="how often the replicas in sync are counted (s)"
+    )
+    # Steps of the Redis clock (coordinator/core/clock_steps.py).
+    clock_step_tolerance: float = Field(
+        0.25, ge=0, description="Redis TIME movement beyond the local clock's = a step (s)"
+    )
+    clock_drift: float = Field(
+        0.01, ge=0, lt=0.5, description="clock-rate difference allowed for (ratio)"
+    )
+
+    @field_validator("replica_wait", mode="before")
+    @classmethod
+    def _auto_replicas(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("", "auto"):
+            return None
+        return value
 
 
 class Settings(BaseSettings):

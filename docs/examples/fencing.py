@@ -1,7 +1,8 @@
 """Fencing your own side effects with ``ctx.fencing_token`` (docs/guarantees.md).
 
-The token is the epoch of the grant under which the worker read the message. It only
-grows per (group, shard): a shard changes owner only with a strictly higher epoch.
+The token is the fence token of the grant under which the worker read the message. It
+never goes down per (group, shard): every grant takes a token above every earlier one,
+made from Redis time so that not even a Redis failover that lost writes repeats one.
 Store the highest token seen per shard next to your data, in the same transaction as
 the side effect, and refuse a lower one: a run of a worker that lost the shard (e.g.
 a process paused by SIGSTOP that resumes its run) can then never overwrite what the

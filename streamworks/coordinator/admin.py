@@ -135,8 +135,8 @@ class OperatorActions:
         For a stream, the operator states the shard count: fresh shards are created
         under a new incarnation, and every shard key of the stream still in Redis is
         adopted as DRAINING, so its entries are read to the end and it is retired by
-        the normal drain check. For a group, the metadata starts empty with epochs
-        above every epoch found in its owner fences; members rejoin.
+        the normal drain check. For a group, the metadata starts empty with fence
+        tokens above every token found in its owner fences; members rejoin.
         """
         if request.kind == "stream":
             if request.shards is None:
@@ -189,7 +189,7 @@ class OperatorActions:
                     f"group {group_id!r} has metadata; delete the key first if it is corrupt",
                     status=409,
                 )
-            floor = await self.store.highest_fence_epoch(group_id)
+            floor = await self.store.highest_fence_token(group_id)
             now = await self.store.now_ms()
             group = empty_group(group_id, floor)
             await self.store.delete_group_meta(group_id)
@@ -207,5 +207,5 @@ class OperatorActions:
             ):
                 raise Conflict(f"group {group_id!r} was written concurrently; retry")
             log.warning(
-                "operator re-initialised group %s: epochs restart above %d", group_id, floor
+                "operator re-initialised group %s: fence tokens restart above %d", group_id, floor
             )

@@ -5,6 +5,15 @@ group, and ``lease_renew.lua`` renews the lease in one round trip only if the ca
 revisions are still current. Otherwise the full critical section runs: load, decide,
 commit with a compare-and-set, provision consumer groups before any grant, write
 the owner fences of new grants, answer.
+
+A request numbered at or below the newest sequence number acted on for its member
+(the store records it with every commit and every renewal, in the same script) is
+stale: it acts on nothing, on either road, and is refused with the retryable
+``STALE_REQUEST`` (not answered from the record: the record may hold writes the
+replicas have not acknowledged; the member sends a new request). Every write an
+answer depends on waits for the Redis replicas first (``replication.py``); one they
+did not acknowledge in time is not answered (``NOT_REPLICATED``, retryable). While the
+replica's clock-step detector holds (``core/clock_steps.py``), nothing is granted.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import anyio
 
@@ -33,9 +42,12 @@ from streamworks.coordinator.core.model import FenceWrite
 from streamworks.coordinator.core.recovery import fence_after_regression
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.coordinator.core.targets import assignment_due
+from streamworks.coordinator.core.tokens import parse_token
 from streamworks.coordinator.discipline import WriteDiscipline
+from streamworks.coordinator.leases import RENEWED, STALE
 from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.replica import ReplicaState
+from streamworks.coordinator.replication import NotReplicated, WaitLog
 from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store
 from streamworks.coordinator.subscriptions import Subscriptions
 from streamworks.exceptions import CoordinatorError
@@ -65,6 +77,9 @@ class _Decided:
     outcomes: list[HeartbeatResponse | Exception | None]
     kept: list[tuple[int, HeartbeatResult]]
     steps: list[HeartbeatResult]
+    #: member -> the sequence number of its request the batch acts on (recorded with
+    #: the commit or the lease renewal).
+    sequences: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +88,18 @@ class _Beat:
 
     request: HeartbeatInput
     starts: Mapping[str, StartPosition]
+
+
+def stale_request(member_id: str, sequence: int | None) -> CoordinatorError:
+    """The answer to a request the coordinator acted on already, or a newer one of its
+    member (retryable: the member sends a new request, which is answered in full)."""
+    return CoordinatorError(
+        "STALE_REQUEST",
+        f"member {member_id}: request {sequence} was acted on already (or a newer one); "
+        "send a new request",
+        retryable=True,
+        status=409,
+    )
 
 
 def short_road_budget(pool: int | None) -> int | None:
@@ -142,6 +169,7 @@ class HeartbeatHandler:
             rebalance_timeout_ms=body.rebalance_timeout_ms,
             client=body.client,
             fence_failed=frozenset(body.fenced_shards),
+            sequence=body.sequence,
         )
         try:
             response = await self._fast(group_id, request)
@@ -153,6 +181,9 @@ class HeartbeatHandler:
             raise CoordinatorError("INVALID_REQUEST", str(e), status=400) from e
         except MetadataUnavailable:
             self.metrics.unavailable.inc()
+            raise
+        except NotReplicated:
+            self.metrics.not_replicated.inc()
             raise
         self.metrics.heartbeats.labels(path, response.status.value).inc()
         self.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
@@ -209,14 +240,26 @@ class HeartbeatHandler:
             # one commits it, for a decision the short road cannot use.
             return None, False
         topology = self.replica.topology_of(stream_revs, metas)
-        result = heartbeat(group, topology, request, now, self.config)
+        hold = self.replica.holding_grants()
+        result = heartbeat(group, topology, request, now, self.config, hold_grants=hold)
         if not result.is_noop or result.status is not HeartbeatStatus.OK:
             return None, False
-        renewed, now_ms = await self.store.renew_lease(
-            group_id, request.member_id, self.config.lease_ttl_ms, rev, stream_revs
+        status, now_ms = await self.store.renew_lease(
+            group_id,
+            request.member_id,
+            self.config.lease_ttl_ms,
+            rev,
+            stream_revs,
+            request.sequence,
         )
         self.replica.saw_redis_time(now_ms)
-        if not renewed:
+        if status == STALE:
+            # Acted on already (a duplicate, a re-send, a delayed copy): nothing was
+            # renewed, and nothing is answered (the record may hold writes the replicas
+            # have not acknowledged; the member sends a new request).
+            self.metrics.stale_heartbeats.inc()
+            raise stale_request(request.member_id, request.sequence)
+        if status != RENEWED:
             return None, True
         return self._response(result, request.member_id, group_id), False
 
@@ -249,6 +292,8 @@ class HeartbeatHandler:
         loaded = await self.store.load_group(group_id)
         self.replica.saw_redis_time(loaded.now_ms)
         base = loaded.group if loaded.group is not None else Group(group_id)
+        numbered = [b.request.member_id for b in beats if b.request.sequence is not None]
+        last = await self.store.sequences_of(group_id, list(dict.fromkeys(numbered)))
         names = set(base.live_subscriptions())
         for beat in beats:
             names |= beat.request.subscriptions or frozenset()
@@ -258,7 +303,7 @@ class HeartbeatHandler:
         topology = self.replica.topology_of(revs, metas)
 
         decided = await self._decide(
-            group_id, beats, base, bool(loaded.rev), topology, loaded.now_ms
+            group_id, beats, base, bool(loaded.rev), topology, loaded.now_ms, last
         )
         outcomes, kept, steps = decided.outcomes, decided.kept, decided.steps
 
@@ -280,20 +325,31 @@ class HeartbeatHandler:
             for stream, start in beats[i].starts.items():
                 starts.setdefault(stream, start)  # the first to subscribe chooses
         renewing = [beats[i].request.member_id for i, r in kept if r.renews_lease]
+        sequences = dict(decided.sequences)
+        waits = self.store.waits.log()
 
         if not steps:
             # Nothing to write: renew the leases of the no-change heartbeats (checked
-            # by revision, as on the short road). A lease entry that ran out before
-            # the loop expired its member takes a commit: the member is still live in
-            # the metadata, so renewing is what a heartbeat in time would have done.
+            # by revision and sequence, as on the short road). A lease entry that ran
+            # out before the loop expired its member takes a commit: the member is
+            # still live in the metadata, so renewing is what a heartbeat in time
+            # would have done.
             if loaded.rev:
                 await self.subscriptions.ensure(group_id, subscribed, starts)
-            renewed = await self.store.renew_leases(
-                group_id, renewing, self.config.lease_ttl_ms, loaded.rev, revs
+            renewing = list(dict.fromkeys(renewing))
+            statuses = await self.store.renew_leases(
+                group_id,
+                [(m, sequences.get(m)) for m in renewing],
+                self.config.lease_ttl_ms,
+                loaded.rev,
+                revs,
             )
-            renew = [m for m, ok in zip(renewing, renewed, strict=True) if not ok]
+            if STALE in statuses:
+                return None  # a newer request acted since the load: decide again
+            renew = [m for m, st in zip(renewing, statuses, strict=True) if st != RENEWED]
             if not renew:
                 return self._answers(group_id, beats, outcomes, kept, {})
+            sequences = {m: n for m, n in sequences.items() if m in renew}
         else:
             renew = list(dict.fromkeys(renewing))
         change = chain(base, steps)
@@ -307,7 +363,9 @@ class HeartbeatHandler:
             changed=change.changed_members,
             removed=change.removed_members,
             renew=renew,
+            sequences=sequences,
             lease_ttl_ms=self.config.lease_ttl_ms,
+            waits=waits,
         )
         if new_rev is None:
             return None
@@ -320,10 +378,15 @@ class HeartbeatHandler:
         self.metrics.observe_group(
             group_id, group_epoch=final.group_epoch, live_members=final.live_count()
         )
-        refused = await self.store.write_fences(group_id, change.fences)
+        refused = await self.store.write_fences(
+            group_id, change.fences, known_token=base.last_token, waits=waits
+        )
         fenced = {}
         if refused:
-            fenced = await self._after_refused_fences(group_id, new_rev, final, refused)
+            fenced = await self._after_refused_fences(group_id, new_rev, final, refused, waits)
+        # Answer only what the replicas have (a node's last WAIT covers its earlier
+        # writes): a grant, fence or lease they did not acknowledge is not done.
+        waits.check(f"heartbeats of group {group_id!r}")
         return self._answers(group_id, beats, outcomes, kept, fenced)
 
     async def _decide(
@@ -334,20 +397,32 @@ class HeartbeatHandler:
         exists: bool,
         topology: Topology,
         now_ms: int,
+        last_sequences: Mapping[str, int],
     ) -> _Decided:
         """The core's step for each request in turn, each on the previous kept step's
-        group (``exists``: the group is in Redis)."""
+        group (``exists``: the group is in Redis; ``last_sequences``: the newest
+        sequence number acted on per member, as stored)."""
         decided = _Decided([None] * len(beats), [], [])
+        last = dict(last_sequences)
+        hold = self.replica.holding_grants()
         group = base
         for i, beat in enumerate(beats):
-            request = beat.request
+            request = replace(beat.request, last_sequence=last.get(beat.request.member_id, 0))
             try:
                 if request.member_epoch == 0 and not exists:
                     await self._check_new_group(group_id, request.subscriptions or ())
-                result = heartbeat(group, topology, request, now_ms, self.config)
+                result = heartbeat(group, topology, request, now_ms, self.config, hold_grants=hold)
             except (InvalidHeartbeat, MetadataUnavailable) as e:
                 decided.outcomes[i] = e  # this request only; the batch goes on without it
                 continue
+            if result.stale:
+                self.metrics.stale_heartbeats.inc()
+                decided.outcomes[i] = stale_request(request.member_id, request.sequence)
+                continue
+            if request.sequence is not None and (result.renews_lease or not result.is_noop):
+                # Acted on: recorded with the commit or the renewal; a later copy of
+                # the same request in this batch is stale.
+                last[request.member_id] = decided.sequences[request.member_id] = request.sequence
             if not exists and result.status is HeartbeatStatus.UNKNOWN_MEMBER:
                 # A group that does not exist: nothing to write, and in particular no
                 # group created from what an unknown member reports (E20).
@@ -387,27 +462,43 @@ class HeartbeatHandler:
         rev: int,
         group: Group,
         refused: list[tuple[FenceWrite, str]],
+        waits: WaitLog,
     ) -> dict[str, HeartbeatResponse]:
-        """Fences hold a newer epoch than these grants: Redis lost group writes (E19).
-        Fence each member concerned and raise the group epoch above the fences (one
-        commit); they rejoin and receive grants with epochs no fence has seen.
-        Returns each fenced member's answer."""
-        highest: dict[str, int] = {}
+        """Fences hold grants the metadata never recorded: Redis lost group writes
+        (E19), and those grants' owners may still run the shards. Fence each member
+        concerned with its shards quarantined for as long as any lease may cover them,
+        and raise the token floor above the fences (one commit); they rejoin and
+        receive grants under tokens no fence has seen. Returns each fenced member's
+        answer."""
+        by_member: dict[str, dict[str, str]] = {}
         for fence, found in refused:
-            epoch = int(found.split(":", 1)[0] or 0)
-            highest[fence.member_id] = max(highest.get(fence.member_id, 0), epoch)
+            by_member.setdefault(fence.member_id, {})[fence.shard] = found
+        highest = max(parse_token(found) or 0 for _, found in refused)
         log.warning(
-            "group %s: owner fence(s) newer than the recorded epochs (highest %d): metadata "
-            "lost writes; fencing member(s) %s and raising the group epoch",
+            "group %s: owner fence(s) hold grants the metadata never recorded (highest "
+            "token %d): metadata lost writes; fencing member(s) %s, their shards and "
+            "the lost grants' quarantined, the token floor raised",
             group_id,
-            max(highest.values()),
-            ", ".join(sorted(highest)),
+            highest,
+            ", ".join(sorted(by_member)),
         )
+        self.metrics.regressions.labels(group_id).inc()
         now = await self.store.now_ms()
+        leases = await self.store.lease_expiries(group_id)
+        ttl = self.config.lease_ttl_ms
         steps: list[GroupChange] = []
         current = group
-        for member_id, epoch in highest.items():
-            step = fence_after_regression(current, member_id, epoch, now)
+        for member_id, shards in by_member.items():
+            step = fence_after_regression(
+                current,
+                member_id,
+                shards,
+                now,
+                member_until_ms=max(leases.get(member_id, 0), now + ttl),
+                # The lost grants' leases are recorded nowhere: their owners may run
+                # the shards for up to a lease TTL after their last heartbeat (< now).
+                lost_until_ms=now + ttl,
+            )
             steps.append(step)
             current = step.group
         change = chain(group, steps)
@@ -419,6 +510,7 @@ class HeartbeatHandler:
             changed=change.changed_members,
             removed=change.removed_members,
             lease_ttl_ms=self.config.lease_ttl_ms,
+            waits=waits,
         )
         return {
             member_id: HeartbeatResponse(
@@ -432,7 +524,7 @@ class HeartbeatHandler:
                 key_prefix=self.keyspace.prefix,
                 namespace_id=self.replica.namespace_id,
             )
-            for member_id in highest
+            for member_id in by_member
         }
 
     async def _check_new_group(self, group_id: str, subscriptions: Iterable[str]) -> None:

@@ -11,11 +11,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from streamworks.clock import Clock
+from streamworks.clock import Clock, boottime
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import ScriptCall, Scripts
 
-__all__ = ("LeaseOps", "revision_of", "revision_token", "split_revision")
+__all__ = (
+    "MOVED",
+    "RENEWED",
+    "STALE",
+    "LeaseOps",
+    "revision_of",
+    "revision_token",
+    "split_revision",
+)
+
+#: ``lease_renew.lua``'s answers: renewed; not renewed (a revision moved or the lease
+#: entry is gone: take the full road); the request is stale (nothing written).
+RENEWED, MOVED, STALE = 1, 0, -1
 
 _CID_BITS = 128
 
@@ -38,13 +50,26 @@ def revision_token(revision: int) -> str:
 
 
 class LeaseOps:
-    """The lease operations of the store (``redis``, ``keyspace``, ``scripts`` and
-    ``clock`` are the store's own)."""
+    """The lease operations of the store (``redis``, ``keyspace``, ``scripts``,
+    ``time_offset_ms`` and the waited runs are the store's own)."""
 
     redis: Any
     keyspace: Keyspace
     scripts: Scripts
     clock: Clock
+
+    @property
+    def time_offset_ms(self) -> int:
+        raise NotImplementedError
+
+    async def run_waited(self, name: str, keys: list[Any], args: list[Any], what: str) -> Any:
+        raise NotImplementedError
+
+    def saw_script_time(self, redis_ms: int, before: float) -> None:
+        raise NotImplementedError
+
+    async def run_waited_many(self, calls: Sequence[ScriptCall], what: str) -> list[Any]:
+        raise NotImplementedError
 
     async def renew_lease(
         self,
@@ -53,27 +78,42 @@ class LeaseOps:
         ttl_ms: int,
         group_rev: int,
         stream_revs: Mapping[str, int],
-    ) -> tuple[bool, int]:
-        """The no-change heartbeat (``lease_renew.lua``): ``(renewed, redis now ms)``."""
-        keys, args = self._renewal(group_id, member_id, ttl_ms, group_rev, stream_revs)
-        reply = await self.scripts.lease_renew(keys=keys, args=args)
-        return reply[0] == 1, int(reply[1])
+        sequence: int | None = None,
+    ) -> tuple[int, int]:
+        """The no-change heartbeat (``lease_renew.lua``): ``(RENEWED | MOVED | STALE,
+        redis now ms)``; the request's ``sequence`` is recorded with the renewal."""
+        # The clock offset the script's time gets (a test may advance the clock while
+        # the call is out: the reading must lose exactly what the script added).
+        offset = self.clock.offset_ms
+        keys, args = self._renewal(group_id, member_id, ttl_ms, group_rev, stream_revs, sequence)
+        before = boottime()
+        reply = await self.run_waited("lease_renew", keys, args, "renewing a lease")
+        self.saw_script_time(int(reply[1]) - offset, before)
+        return int(reply[0]), int(reply[1])
 
     async def renew_leases(
         self,
         group_id: str,
-        member_ids: Sequence[str],
+        renewals: Sequence[tuple[str, int | None]],
         ttl_ms: int,
         group_rev: int,
         stream_revs: Mapping[str, int],
-    ) -> list[bool]:
-        """:meth:`renew_lease` for several members in one pipeline: whether each lease
-        was renewed (each checks the same revisions)."""
+    ) -> list[int]:
+        """:meth:`renew_lease` for several ``(member, sequence)`` in one pipeline: each
+        one's answer (each checks the same revisions)."""
         calls: list[ScriptCall] = [
-            ("lease_renew", *self._renewal(group_id, m, ttl_ms, group_rev, stream_revs))
-            for m in member_ids
+            ("lease_renew", *self._renewal(group_id, m, ttl_ms, group_rev, stream_revs, seq))
+            for m, seq in renewals
         ]
-        return [reply[0] == 1 for reply in await self.scripts.pipelined(calls)]
+        replies = await self.run_waited_many(calls, "renewing leases")
+        return [int(reply[0]) for reply in replies]
+
+    async def sequences_of(self, group_id: str, member_ids: Sequence[str]) -> dict[str, int]:
+        """The newest sequence number acted on for each of ``member_ids`` (0: none)."""
+        if not member_ids:
+            return {}
+        raw = await self.redis.hmget(self.keyspace.group_sequences(group_id), list(member_ids))
+        return {m: int(v or 0) for m, v in zip(member_ids, raw, strict=True)}
 
     def _renewal(
         self,
@@ -82,14 +122,17 @@ class LeaseOps:
         ttl_ms: int,
         group_rev: int,
         stream_revs: Mapping[str, int],
+        sequence: int | None,
     ) -> tuple[list[str], list[Any]]:
         names = sorted(stream_revs)
         keys = [
             self.keyspace.group_meta(group_id),
             self.keyspace.group_leases(group_id),
+            self.keyspace.group_sequences(group_id),
             *[self.keyspace.stream_meta(n) for n in names],
         ]
-        args: list[Any] = [member_id, ttl_ms, revision_token(group_rev), self.clock.offset_ms]
+        args: list[Any] = [member_id, ttl_ms, revision_token(group_rev), self.time_offset_ms]
+        args.append("" if sequence is None else sequence)
         args += [revision_token(stream_revs[n]) for n in names]
         return keys, args
 

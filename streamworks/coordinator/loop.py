@@ -7,6 +7,9 @@ advances stream migrations (``resharding.py``). It wakes every ``loop_interval``
 or sooner at the next lease deadline, so a silent member is expired at its
 deadline rather than up to an interval after it.
 
+While a step of the Redis clock has not settled (``core/clock_steps.py``), no timer
+step runs: nothing is expired, fenced or released on deadlines the step moved.
+
 A turn costs a constant number of round trips however many groups and streams were
 ever registered: one pipelined survey of their revisions and earliest leases, then
 work only for the groups and streams where something can be due.
@@ -89,6 +92,12 @@ class EventLoop:
         if loaded.group is None:
             return False
         self.replica.saw_redis_time(loaded.now_ms)
+        if self.replica.holding_grants():
+            # The Redis clock stepped and has not settled: lease expiries, revocation
+            # deadlines and quarantine ends are Redis times the step moved. Expire,
+            # fence and free nothing until it settles (fail safe; replica.py logs it).
+            self._idle.pop(group_id, None)
+            return False
         earliest = await self.store.earliest_lease(group_id)
         if earliest is None:
             self.replica.next_expiry.pop(group_id, None)

@@ -81,6 +81,36 @@ class CoordinatorMetrics:
             ["stream"],
             registry=r,
         )
+        self.stale_heartbeats = Counter(
+            "streamworks_coordinator_stale_heartbeats_total",
+            "Heartbeats whose sequence number was already acted on (duplicated, re-sent or "
+            "delayed requests): answered from the record, nothing acted on",
+            registry=r,
+        )
+        self.regressions = Counter(
+            "streamworks_coordinator_metadata_regressions_total",
+            "Grants refused by an owner fence the metadata never recorded (Redis lost "
+            "writes): the member fenced, its shards quarantined",
+            ["group"],
+            registry=r,
+        )
+        self.clock_steps = Counter(
+            "streamworks_coordinator_redis_clock_steps_total",
+            "Steps of the Redis clock beyond the drift allowance (grants and expiries are "
+            "held until it settles)",
+            registry=r,
+        )
+        self.clock_hold = Gauge(
+            "streamworks_coordinator_redis_clock_hold",
+            "1 while grants and expiries are held after a Redis clock step",
+            registry=r,
+        )
+        self.not_replicated = Counter(
+            "streamworks_coordinator_not_replicated_total",
+            "Control-plane writes fewer replicas acknowledged in time than required "
+            "(treated as not done)",
+            registry=r,
+        )
         self.status = StatusCollector()
         r.register(self.status)
 

@@ -3,10 +3,12 @@
 Two entry points, each a critical section on the stream's mutex (so any replica can
 pick a migration up after a crash, E2):
 
-* :meth:`Resharder.scale` — apply a scale request: create the new shard keys with
-  every registered group's consumer group *before* committing routing that points at
-  them; mark removed shards DRAINING and record the routing fence.
-* :meth:`Resharder.tick` — run by every replica's event loop: confirms the shards'
+* :meth:`Resharder.scale` — apply a scale request: commit the new shards
+  PROVISIONING (on the replicas), create their keys with every registered group's
+  consumer group, then commit them ACTIVE (routing points at them only then); mark
+  removed shards DRAINING and record the routing fence.
+* :meth:`Resharder.tick` — run by every replica's event loop: finishes a scale-out
+  left with PROVISIONING shards; confirms the shards'
   group sets once per stream revision (a replica that died between a commit and its
   confirmation leaves them provisional); once a stream's routing
   fence has passed, check each draining shard with ``retire.lua`` (which deletes it
@@ -26,15 +28,17 @@ from collections.abc import Mapping
 from streamworks.coordinator import provision
 from streamworks.coordinator.core.migrations import (
     MigrationPhase,
+    activate,
     due_for_drain_check,
     migration_phase,
     retire_shards,
     scale,
 )
 from streamworks.coordinator.core.streams import StreamMeta
-from streamworks.coordinator.discipline import WriteDiscipline
+from streamworks.coordinator.discipline import Exclusion, WriteDiscipline
 from streamworks.coordinator.lag_repair import ActiveLagRepair
 from streamworks.coordinator.metrics import CoordinatorMetrics
+from streamworks.coordinator.replication import NotReplicated
 from streamworks.coordinator.store import Conflict, MetadataUnavailable, Store
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.shards import ShardId
@@ -85,6 +89,8 @@ class Resharder:
         lease_ms = int(settings.routing_lease * 1000) + FENCE_MARGIN_MS
         mutex = self.keyspace.stream_mutex(name)
         async with self.discipline.critical(mutex, renew=True) as held:
+            # A scale-out a failover (or a dead replica) left half done comes first.
+            await self._finish_provisioning(name, held)
             for _ in range(settings.coordinator.cas_retries):
                 rev, meta = await self.store.load_stream(name)
                 if meta is None:
@@ -96,27 +102,17 @@ class Resharder:
                     updated = scale(meta, shards, now, lease_ms)
                 except ValueError as e:
                     raise CoordinatorError("INVALID_REQUEST", str(e), status=400) from e
-                created = list((updated.migration or {}).get("created", []))
-                new_shards = [ShardId.parse(s) for s in created]
-                if created:
-                    groups = sorted(await self.store.subscribed_groups(name))
-                    # Provisional: a group subscribing right now may be missing from
-                    # `groups`; nothing is trimmed on these shards until the list is
-                    # confirmed below, from a registry read after the commit.
-                    await held.verify()
-                    await provision.create_shards(
-                        self.store.scripts, self.keyspace, new_shards, groups, provisional=True
-                    )
+                # A scale-out commits its new shards PROVISIONING first (neither routable
+                # nor assignable; on the replicas before any key exists), then creates
+                # their keys, then makes them ACTIVE: no acknowledged publish can land on
+                # a key the committed layout does not know (PROTOCOL §6).
                 held.check()
-                if await self.store.commit_stream(rev, updated) is None:
+                new_rev = await self.store.commit_stream(rev, updated)
+                if new_rev is None:
                     continue
+                created = [s.shard_id(name) for s in updated.provisioning()]
                 if created:
-                    # A group registered from now on loads this layout and creates its
-                    # consumer group on the new shards itself (adding it to their set).
-                    after = sorted(await self.store.subscribed_groups(name))
-                    await provision.record_shard_groups(
-                        self.store.scripts, self.keyspace, new_shards, after
-                    )
+                    updated = await self._provision(name, new_rev, updated, held)
                 log.info(
                     "stream %s: %d -> %d shards (routing v%d)%s",
                     name,
@@ -127,6 +123,54 @@ class Resharder:
                 )
                 return updated
         raise Conflict(f"stream {name!r}: lost the compare-and-set repeatedly; retry")
+
+    async def _provision(
+        self, name: str, rev: int, meta: StreamMeta, held: Exclusion
+    ) -> StreamMeta:
+        """Create the keys of ``meta``'s PROVISIONING shards (committed at ``rev``, and
+        replicated) and commit them ACTIVE; then confirm their group sets. In the
+        stream's critical section.
+
+        Raises:
+            Conflict: another writer committed the stream meanwhile (its mutex expired).
+            MutexLost: the stream's mutex was lost before a step (a Conflict too).
+            NotReplicated: a key or the commit was not acknowledged by the replicas in
+                time: the shards stay PROVISIONING, a later scale or tick finishes.
+        """
+        shards = [ShardId.parse(s.shard_id(name)) for s in meta.provisioning()]
+        groups = sorted(await self.store.subscribed_groups(name))
+        # Provisional: a group subscribing right now may be missing from `groups`;
+        # nothing is trimmed on these shards until the list is confirmed below, from a
+        # registry read after the commit.
+        await held.verify()
+        await self.store.create_shard_keys(shards, groups, provisional=True)
+        active = activate(meta)
+        held.check()
+        if await self.store.commit_stream(rev, active) is None:
+            raise Conflict(f"stream {name!r} changed while its new shards were created; retry")
+        # A group registered from now on loads this layout and creates its consumer
+        # group on the new shards itself (adding it to their set).
+        after = sorted(await self.store.subscribed_groups(name))
+        await provision.record_shard_groups(self.store.scripts, self.keyspace, shards, after)
+        return active
+
+    async def _finish_provisioning(self, name: str, held: Exclusion) -> None:
+        """Finish a scale-out left with PROVISIONING shards (its replica died, a failover
+        lost its last commit, or the replicas did not acknowledge a step in time). In
+        the stream's critical section. The layout is committed once more, so that it is
+        on the replicas (``WAIT``) before any key is created."""
+        rev, meta = await self.store.load_stream(name)
+        if meta is None or not meta.provisioning():
+            return
+        new_rev = await self.store.commit_stream(rev, meta)
+        if new_rev is None:
+            raise Conflict(f"stream {name!r} changed while finishing its scale-out; retry")
+        log.warning(
+            "stream %s: finishing a scale-out left half done (%s)",
+            name,
+            ", ".join(meta.shard_ids(meta.provisioning())),
+        )
+        await self._provision(name, new_rev, meta, held)
 
     async def tick(self, revs: Mapping[str, int] | None = None, now_ms: int | None = None) -> None:
         """Advance every stream's migration that is due. Each stream on its own: one
@@ -152,6 +196,11 @@ class Resharder:
                     rev, meta = await self.store.load_stream(name)
                 if meta is None:
                     continue
+                if meta.provisioning():
+                    mutex = self.keyspace.stream_mutex(name)
+                    async with self.discipline.critical(mutex, renew=True) as held:
+                        await self._finish_provisioning(name, held)
+                    continue
                 if (name, rev) not in self._sealed:
                     await self._seal(name)
                 await self.lag_repair.maybe_repair(name, meta)
@@ -160,7 +209,7 @@ class Resharder:
                 await self._check_and_retire(name)
             except MetadataUnavailable as e:
                 log.debug("stream %s: %s", name, e.message)  # the store logs it, rate-limited
-            except Conflict as e:
+            except (Conflict, NotReplicated) as e:
                 log.warning("stream %s: %s", name, e.message)
 
     async def _seal(self, name: str) -> None:

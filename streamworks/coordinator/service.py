@@ -27,12 +27,14 @@ import anyio
 from streamworks.clock import Clock
 from streamworks.coordinator.admin import OperatorActions
 from streamworks.coordinator.core import CoreConfig
+from streamworks.coordinator.core.clock_steps import ClockStepDetector
 from streamworks.coordinator.discipline import Exclusion, WriteDiscipline
 from streamworks.coordinator.heartbeats import HeartbeatHandler, short_road_budget
 from streamworks.coordinator.identity import NamespaceIdentity
 from streamworks.coordinator.loop import EventLoop
 from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.replica import ReplicaState
+from streamworks.coordinator.replication import ReplicaWaits
 from streamworks.coordinator.resharding import Resharder
 from streamworks.coordinator.status import StatusReport
 from streamworks.coordinator.store import Store
@@ -86,18 +88,36 @@ class CoordinatorService:
         self.settings = settings
         self.replica = replica
         self.keyspace = Keyspace(settings.key_prefix)
+        coordinator = settings.coordinator
         self.store = Store(
             redis,
             self.keyspace,
-            mutex_ttl=settings.coordinator.mutex_ttl,
-            mutex_wait=settings.coordinator.mutex_wait,
+            mutex_ttl=coordinator.mutex_ttl,
+            mutex_wait=coordinator.mutex_wait,
             clock=self.clock,
+        )
+        self.store.waits = ReplicaWaits(
+            redis,
+            self.store.scripts,
+            count=coordinator.replica_wait,
+            timeout=coordinator.replica_wait_timeout,
+            max_lag=coordinator.replica_max_lag,
+            check_interval=coordinator.replica_check_interval,
         )
         self.redis = redis
         self.config = core_config(settings)
         self.metrics = CoordinatorMetrics()
         self.discipline = WriteDiscipline(self.store)
-        self.state = ReplicaState(self.clock)
+        self.state = ReplicaState(
+            self.clock,
+            clock_steps=ClockStepDetector(
+                tolerance_ms=int(coordinator.clock_step_tolerance * 1000),
+                drift=coordinator.clock_drift,
+                settle_s=settings.lease_ttl,
+            ),
+            metrics=self.metrics,
+        )
+        self.store.on_time = self.state.observe_time
         self._namespace_lock = anyio.Lock()
         self.subscriptions = Subscriptions(self.store, self.keyspace)
         self.resharder = Resharder(

@@ -43,12 +43,21 @@ from typing import Any
 import anyio
 import orjson
 
-from streamworks.clock import Clock
+from streamworks.clock import Clock, boottime
 from streamworks.coordinator.core import FenceWrite, Group, Member
 from streamworks.coordinator.core.changes import apply_delta
+from streamworks.coordinator.core.clock_steps import ClockReading
 from streamworks.coordinator.core.streams import StreamMeta
+from streamworks.coordinator.core.tokens import parse_token
 from streamworks.coordinator.evidence import EvidenceReads
-from streamworks.coordinator.leases import LeaseOps, revision_of, revision_token, split_revision
+from streamworks.coordinator.leases import (
+    LeaseOps,
+    revision_of,
+    revision_token,
+    split_revision,
+)
+from streamworks.coordinator.replication import ReplicaWaits, WaitLog
+from streamworks.coordinator.stream_store import StreamOps
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.client import is_cluster
@@ -144,7 +153,7 @@ class Loaded:
     now_ms: int
 
 
-class Store(EvidenceReads, LeaseOps):
+class Store(EvidenceReads, LeaseOps, StreamOps):
     """Reads and writes the control plane in Redis."""
 
     def __init__(
@@ -155,11 +164,21 @@ class Store(EvidenceReads, LeaseOps):
         mutex_ttl: float = 5.0,
         mutex_wait: float = 2.0,
         clock: Clock | None = None,
+        waits: ReplicaWaits | None = None,
     ) -> None:
         self.clock = clock or Clock()
         self.redis = redis
         self.keyspace = keyspace
         self.scripts = Scripts(redis)
+        #: Control-plane writes wait for replicas through this (``replication.py``).
+        self.waits = waits or ReplicaWaits(redis, self.scripts)
+        #: Called with every reading of Redis ``TIME`` (the replica's clock-step
+        #: detector, ``core/clock_steps.py``).
+        self.on_time: Callable[[ClockReading], None] | None = None
+        #: Test hook: added to every Redis ``TIME`` this store reads (and to the time
+        #: its scripts read), unlike the clock's offset, as a step of the server's own
+        #: clock would be (issue 18, finding 6).
+        self.time_skew_ms = 0
         self._cluster = is_cluster(redis)
         self._mutex_ms = int(mutex_ttl * 1000)
         self._mutex_wait = mutex_wait
@@ -179,13 +198,48 @@ class Store(EvidenceReads, LeaseOps):
         return await claim_namespace(self.redis, self.keyspace)
 
     # -- time and mutexes ------------------------------------------------------------
+    @property
+    def time_offset_ms(self) -> int:
+        """Added to Redis ``TIME``: the test clock's offset (and the test skew hook)."""
+        return self.clock.offset_ms + self.time_skew_ms
+
     async def now_ms(self) -> int:
         """Redis server time in ms: every deadline uses the same clock (PROTOCOL §1.5)."""
+        before = boottime()
         if self._cluster:
             seconds, micros = await self.redis.eval(_TIME_LUA, 1, self.keyspace.registry_groups())
         else:
             seconds, micros = await self.redis.time()
-        return int(seconds) * 1000 + int(micros) // 1000 + self.clock.offset_ms
+        return self._saw_time(int(seconds) * 1000 + int(micros) // 1000, before)
+
+    def _saw_time(self, redis_ms: int, before: float) -> int:
+        """Report a reading of Redis ``TIME`` taken since local time ``before``; returns
+        it as the store's callers use it (with the offsets)."""
+        redis_ms += self.time_skew_ms
+        if self.on_time is not None:
+            self.on_time(ClockReading(redis_ms, before, boottime()))
+        return redis_ms + self.clock.offset_ms
+
+    def saw_script_time(self, redis_ms: int, before: float) -> None:
+        """Report Redis time read by a script since local time ``before`` (with the skew
+        hook's, without the clock offset)."""
+        if self.on_time is not None:
+            self.on_time(ClockReading(redis_ms, before, boottime()))
+
+    async def run_waited(self, name: str, keys: list[Any], args: list[Any], what: str) -> Any:
+        """Run a script whose write must reach the replicas before it counts; raises
+        :class:`NotReplicated` (retryable) when too few acknowledged it."""
+        log = self.waits.log()
+        reply = await self.waits.run(name, keys, args, log)
+        log.check(what)
+        return reply
+
+    async def run_waited_many(self, calls: Sequence[ScriptCall], what: str) -> list[Any]:
+        """:meth:`run_waited` for several calls (one write per node)."""
+        log = self.waits.log()
+        replies = await self.waits.run_many(calls, log)
+        log.check(what)
+        return replies
 
     def _queue_time(self, pipe: Any) -> None:
         """Queue the control node's ``TIME`` on ``pipe``. A cluster pipeline refuses
@@ -255,8 +309,9 @@ class Store(EvidenceReads, LeaseOps):
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(key, ["rev", "cid"])
         self._queue_time(pipe)
+        before = boottime()
         (raw_rev, raw_cid), (seconds, micros) = await pipe.execute()
-        now_ms = int(seconds) * 1000 + int(micros) // 1000 + self.clock.offset_ms
+        now_ms = self._saw_time(int(seconds) * 1000 + int(micros) // 1000, before)
         rev = revision_of(raw_rev, raw_cid)
         if rev == 0 and await self.redis.sismember(self.keyspace.registry_groups(), group_id):
             # A commit writes the revision and the registry entry in one script: if the
@@ -338,11 +393,20 @@ class Store(EvidenceReads, LeaseOps):
         now_ms: int,
         renew: Sequence[str] = (),
         expect_expired: Sequence[str] = (),
+        sequences: Mapping[str, int] | None = None,
         lease_ttl_ms: int,
+        waits: WaitLog | None = None,
     ) -> int | None:
         """Write what changed if the group is still at ``rev``; returns the new rev, or
-        None when another writer committed first (or a member expected expired renewed).
-        Members that are no longer live lose their lease entry in the same script."""
+        None when another writer committed first (or a member expected expired renewed,
+        or a newer request of a member in ``sequences`` was acted on meanwhile).
+        Members that are no longer live lose their lease entry in the same script; the
+        request sequence numbers in ``sequences`` are recorded with it.
+
+        The write waits for the replicas (``replication.py``): with ``waits`` the
+        outcome is noted there (the caller checks it after its later writes, whose
+        ``WAIT`` may cover this one); without, :class:`NotReplicated` is raised now.
+        """
         removed = list(removed)
         upserts: list[Any] = []
         unlease: list[str] = []
@@ -359,17 +423,21 @@ class Store(EvidenceReads, LeaseOps):
         args.append(now_ms)
         args += [len(upserts) // 2, *upserts]
         args += [len(removed), *removed, len(renew), *renew, len(unlease), *unlease]
-        args += [len(expect_expired), *expect_expired, CHANGELOG_LENGTH]
+        args += [len(expect_expired), *expect_expired]
+        acted = sorted((sequences or {}).items())
+        args += [len(acted), *[x for pair in acted for x in pair], CHANGELOG_LENGTH]
         group_id = group.group_id
-        reply = await self.scripts.group_commit(
-            keys=[
-                self.keyspace.group_meta(group_id),
-                self.keyspace.registry_groups(),
-                self.keyspace.group_leases(group_id),
-                self.keyspace.group_changes(group_id),
-            ],
-            args=args,
-        )
+        keys: list[Any] = [
+            self.keyspace.group_meta(group_id),
+            self.keyspace.registry_groups(),
+            self.keyspace.group_leases(group_id),
+            self.keyspace.group_changes(group_id),
+            self.keyspace.group_sequences(group_id),
+        ]
+        log = waits or self.waits.log()
+        reply = await self.waits.run("group_commit", keys, args, log)
+        if waits is None:
+            log.check(f"committing group {group_id!r}")
         if reply[0] != 1:
             self._groups.pop(group.group_id, None)
             return None
@@ -418,108 +486,15 @@ class Store(EvidenceReads, LeaseOps):
         )
         self._groups.pop(group_id, None)
 
-    # -- streams ---------------------------------------------------------------------
-    def cached_stream(self, name: str) -> tuple[int, StreamMeta] | None:
-        return self._streams.get(name)
-
-    async def stream_revs(self, names: Iterable[str]) -> dict[str, int]:
-        names = list(names)
-        if not names:
-            return {}
-        pipe = self.redis.pipeline(transaction=False)
-        for name in names:
-            pipe.hmget(self.keyspace.stream_meta(name), ["rev", "cid"])
-        replies = await pipe.execute()
-        return {n: revision_of(*r) for n, r in zip(names, replies, strict=True)}
-
-    async def load_streams(self, names: Iterable[str]) -> dict[str, tuple[int, StreamMeta | None]]:
-        """Load stream metadata (cached by revision). A stream that never existed maps
-        to ``(0, None)``.
-
-        Raises:
-            MetadataUnavailable: a registered stream's metadata is missing or corrupt.
-        """
-        revs = await self.stream_revs(names)
-        out: dict[str, tuple[int, StreamMeta | None]] = {}
-        for name, rev in revs.items():
-            if rev == 0 and await self.redis.sismember(self.keyspace.registry_streams(), name):
-                # Registered: re-read the revision (created between our two reads?).
-                key = self.keyspace.stream_meta(name)
-                rev = revision_of(*await self.redis.hmget(key, ["rev", "cid"]))
-            if rev == 0:
-                if await self.redis.sismember(self.keyspace.registry_streams(), name):
-                    raise self.unavailable(
-                        f"stream {name!r} is registered but its metadata is missing; an "
-                        "operator must re-initialise it (streamworks admin reinit stream)"
-                    )
-                out[name] = (0, None)
-                continue
-            cached = self._streams.get(name)
-            if cached is not None and cached[0] == rev:
-                out[name] = cached
-                continue
-            raw_rev, raw_cid, doc = await self.redis.hmget(
-                self.keyspace.stream_meta(name), ["rev", "cid", "doc"]
-            )
-            try:
-                meta = StreamMeta.from_dict(orjson.loads(doc))
-                loaded = (revision_of(int(raw_rev), raw_cid), meta)
-            except (TypeError, ValueError, orjson.JSONDecodeError) as e:
-                raise self.unavailable(f"stream {name!r} metadata is corrupt: {e}") from e
-            self._streams[name] = loaded
-            out[name] = loaded
-        return out
-
-    async def load_stream(self, name: str) -> tuple[int, StreamMeta | None]:
-        return (await self.load_streams([name]))[name]
-
-    async def commit_stream(self, rev: int, meta: StreamMeta) -> int | None:
-        """CAS-write a stream's metadata; the new rev, or None on conflict."""
-        expected, expected_cid = split_revision(rev)
-        cid = self._new_cid()
-        reply = await self.scripts.stream_commit(
-            keys=[self.keyspace.stream_meta(meta.name), self.keyspace.registry_streams()],
-            args=[expected, expected_cid, cid, meta.name, orjson.dumps(meta.to_dict())],
-        )
-        if reply[0] != 1:
-            self._streams.pop(meta.name, None)
-            return None
-        new_rev = revision_of(int(reply[1]), cid)
-        self._streams[meta.name] = (new_rev, meta)
-        return new_rev
-
-    async def registered_streams(self) -> list[str]:
-        return sorted(
-            m.decode() for m in await self.redis.smembers(self.keyspace.registry_streams())
-        )
-
-    async def existing_shard_keys(self, stream: str) -> list[str]:
-        """Shard keys of ``stream`` present in Redis (data-plane evidence that the
-        stream existed; a SCAN, used only when creating or re-initialising)."""
-        pattern = self.keyspace.stream_pattern(stream)
-        return sorted([k.decode() async for k in self.redis.scan_iter(match=pattern, count=1000)])
-
-    async def existing_shards(self, stream: str) -> list[ShardId]:
-        """The shards of :meth:`existing_shard_keys`, parsed."""
-        return [self.keyspace.shard_of(k) for k in await self.existing_shard_keys(stream)]
-
-    async def entries_added(self, shard: ShardId) -> int:
-        """How many entries the shard's stream ever received (``XINFO STREAM``); an
-        answer without the field counts as written (1), so nothing is taken as fresh
-        on a guess."""
-        info = await self.redis.xinfo_stream(self.keyspace.stream(shard))
-        return int(info.get("entries-added", 1))
-
-    async def highest_fence_epoch(self, group_id: str) -> int:
-        """The highest grant epoch in any owner fence of ``group_id`` (a SCAN; used when
-        an operator re-initialises a group, so new epochs are above all of them)."""
+    async def highest_fence_token(self, group_id: str) -> int:
+        """The highest token in any owner fence of ``group_id`` (a SCAN; used when an
+        operator re-initialises a group, so new tokens are above all of them)."""
         pattern = self.keyspace.fence_pattern(group_id)
         highest = 0
         async for key in self.redis.scan_iter(match=pattern, count=1000):
             value = await self.redis.get(key)
             if value:
-                with contextlib.suppress(ValueError):
-                    highest = max(highest, int(value.split(b":", 1)[0]))
+                highest = max(highest, parse_token(value.decode(errors="replace")) or 0)
         return highest
 
     # -- subscriptions and fences ----------------------------------------------------
@@ -536,10 +511,18 @@ class Store(EvidenceReads, LeaseOps):
         await self.redis.srem(self.keyspace.registry_subscriptions(stream), group)
 
     async def write_fences(
-        self, group_id: str, fences: Iterable[FenceWrite]
+        self,
+        group_id: str,
+        fences: Iterable[FenceWrite],
+        *,
+        known_token: int,
+        waits: WaitLog | None = None,
     ) -> list[tuple[FenceWrite, str]]:
-        """Write owner fences (monotonic, ``fence.lua``), pipelined; returns the refused
-        ones with the fence found in their place."""
+        """Write owner fences (monotonic, ``fence.lua``), pipelined, waiting for the
+        replicas (noted in ``waits``, or raised at once without it); returns the refused
+        ones with the fence found in their place. ``known_token``: the highest token the
+        metadata the grants were decided on recorded (a fence of another member above
+        it is a grant Redis lost)."""
         fences = list(fences)
         if not fences:
             return []
@@ -547,9 +530,12 @@ class Store(EvidenceReads, LeaseOps):
         for fence in fences:
             shard = ShardId.parse(fence.shard)
             keys = [self.keyspace.fence(shard, group_id), self.keyspace.stream(shard)]
-            calls.append(("fence", keys, [fence.epoch, fence.member_id]))
+            calls.append(("fence", keys, [fence.token, fence.member_id, known_token]))
         # One pipeline per node on a cluster, loading fence.lua where a node lost it.
-        replies = await self.scripts.pipelined(calls)
+        log = waits or self.waits.log()
+        replies = await self.waits.run_many(calls, log)
+        if waits is None:
+            log.check(f"writing the owner fences of group {group_id!r}")
         refused = []
         for fence, reply in zip(fences, replies, strict=True):
             if reply[0] == 0:  # (-2: the shard was retired meanwhile, nothing to fence)

@@ -8,6 +8,10 @@ Several coordinator URLs may be given (or one load-balanced URL). A request goes
 the last URL that answered; on a connection failure or a retryable refusal such as
 ``COORDINATOR_TERMINATING`` it moves on to the next, so a rolling update of the
 replicas is invisible to clients beyond one retry.
+
+Moving on re-sends the very same body: a heartbeat keeps its sequence number, so when
+the first replica did receive it (a timeout, not a refused connection) and acts on it
+late, at most one of the copies acts (the coordinator ignores a number it acted on).
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ class CoordinatorClient:
         headers = {"content-type": "application/json"}
         if token:
             headers["authorization"] = f"Bearer {token}"
+        # Encoded once: every replica tried gets the same bytes (a heartbeat's sequence
+        # number included, so the coordinator acts on at most one copy).
         content = (
             orjson.dumps(body.model_dump(mode="json", by_alias=True, exclude_none=True))
             if body is not None

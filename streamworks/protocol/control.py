@@ -77,6 +77,8 @@ class ErrorCode(StrEnum):
     COORDINATOR_TERMINATING = "COORDINATOR_TERMINATING"
     METADATA_UNAVAILABLE = "METADATA_UNAVAILABLE"
     MIGRATION_IN_PROGRESS = "MIGRATION_IN_PROGRESS"
+    NOT_REPLICATED = "NOT_REPLICATED"
+    STALE_REQUEST = "STALE_REQUEST"
     INTERNAL = "INTERNAL"
 
 
@@ -102,7 +104,16 @@ CLIENT_METRICS = "metrics"
 
 
 class HeartbeatRequest(_Request):
-    """A member's heartbeat (PROTOCOL §4)."""
+    """A member's heartbeat (PROTOCOL §4).
+
+    ``sequence`` numbers the member's requests: each new request takes the next number,
+    a re-send of a request (the same body, to another replica after a timeout) keeps
+    it. The coordinator acts on a request only if its number is above every number it
+    acted on for the member, so a duplicated, re-sent or delayed copy acts on nothing:
+    it is refused with the retryable ``STALE_REQUEST`` (the member sends a new one).
+    Optional for clients that predate it (nothing of theirs is then recognised as
+    stale: upgrade the workers; ``docs/coordinator.md``).
+    """
 
     member_id: MemberId
     member_epoch: int = Field(ge=-1, le=2**53)
@@ -120,6 +131,7 @@ class HeartbeatRequest(_Request):
     subscription_starts: dict[Name, StartPosition] | None = Field(
         None, max_length=MAX_SUBSCRIPTIONS
     )
+    sequence: int | None = Field(None, ge=1, le=2**53 - 1)
 
     @model_validator(mode="after")
     def _starts_of_subscribed_streams(self) -> HeartbeatRequest:
@@ -133,7 +145,12 @@ class HeartbeatRequest(_Request):
 
 
 class ShardGrant(_Model):
-    """A shard the member may read now, under the fence token ``<epoch>:<member id>``."""
+    """A shard the member may read now, under the owner fence ``<epoch>:<member id>``.
+
+    ``epoch`` is the grant's fence token (its name predates tokens): above every token
+    the shard was granted under before, including before a loss of Redis writes; the
+    member's handlers see it as ``ctx.fencing_token``.
+    """
 
     shard: ShardIdText
     epoch: int
@@ -194,7 +211,7 @@ class ShardGroupInfo(_Model):
 
 class ShardInfo(_Model):
     shard: str
-    state: Literal["ACTIVE", "DRAINING", "RETIRED"]
+    state: Literal["PROVISIONING", "ACTIVE", "DRAINING", "RETIRED"]
     length: int | None = None
     groups: list[ShardGroupInfo] = Field(default_factory=list)
 

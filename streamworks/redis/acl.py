@@ -206,6 +206,9 @@ PATHS: dict[Role, tuple[Path, ...]] = {
         # cluster (so it is the control node's clock). SCAN finds shard keys and fences
         # of a stream or group whose metadata was lost (E21).
         Path("clock and key discovery", commands=("time", "scan")),
+        # Control-plane commits, fences and leases wait for the replicas in sync
+        # (coordinator/replication.py), counted with INFO replication on every primary.
+        Path("writes that wait for replicas", commands=("info", "wait")),
         Path("clock (cluster)", ("control",), ("eval", "time")),
         Path(
             "control plane: metadata, mutexes, registry",
@@ -213,10 +216,10 @@ PATHS: dict[Role, tuple[Path, ...]] = {
             ("get", "set", "del", "hmget", "hgetall", "sismember", "smembers", "sadd", "srem"),
         ),
         Path("control plane: leases", ("control",), ("zrange", "zrangebyscore")),
-        Path("group commit", ("control",) * 4, scripts=("group_commit",)),
+        Path("group commit", ("control",) * 5, scripts=("group_commit",)),
         Path("group changelog", ("control",) * 2, scripts=("group_delta",)),
         Path("stream commit", ("control",) * 2, scripts=("stream_commit",)),
-        Path("lease renewal", ("control",) * 2, scripts=("lease_renew",), rest=("control",)),
+        Path("lease renewal", ("control",) * 3, scripts=("lease_renew",), rest=("control",)),
         Path("mutex release and renewal", ("control",), scripts=("mutex_release", "mutex_renew")),
         Path(
             "create shards and consumer groups",

@@ -223,6 +223,11 @@ class Keyspace:
         """Sorted set member id -> lease expiry (ms, Redis clock)."""
         return f"{self.control_tag}:group:{group}:leases"
 
+    def group_sequences(self, group: str) -> str:
+        """Hash member id -> the newest heartbeat sequence number the coordinator acted
+        on (written with the member's record or its lease, in the same script)."""
+        return f"{self.control_tag}:group:{group}:sequences"
+
     def stream_meta(self, stream: str) -> str:
         """Stream metadata hash: shard layout, routing version, migration record."""
         return f"{self.control_tag}:stream:{stream}"

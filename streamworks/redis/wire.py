@@ -188,7 +188,7 @@ async def _other_batch(
         position += count
     if wait is None:
         return replies, [None] * len(commands)
-    return replies[:-1], [replies[-1]] * len(commands)
+    return replies, [raw[-1]] * len(commands)  # the WAIT's reply, after every command
 
 
 async def _single_batch(

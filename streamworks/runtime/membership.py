@@ -8,11 +8,22 @@ applies the answer:
 * ``revoke`` — DRAIN: stop reading, finish and ack in-flight work, report drained.
   A revoking shard is never read again on that grant, whatever happens to later
   heartbeats (E7);
-* ``FENCED`` / ``UNKNOWN_MEMBER`` — drop every shard at once (running async handlers
-  are cancelled, their entries stay pending), wait until every run has ended (a sync
-  run that outlives the old lease's fail-stop point exits the process), and only then
-  rejoin with epoch 0 and the same member id: the rejoin renews the lease, and no run
-  started under the old one may still be going then (SPEC §5 "Exclusive processing").
+* ``FENCED`` / ``UNKNOWN_MEMBER`` / ``SYNC_METADATA`` — drop every shard at once
+  (running async handlers are cancelled, their entries stay pending), wait until every
+  run has ended (a sync run that outlives the old lease's fail-stop point exits the
+  process), and only then rejoin with epoch 0 and the same member id: the rejoin
+  renews the lease, and no run started under the old one may still be going then
+  (SPEC §5 "Exclusive processing"). ``SYNC_METADATA`` means Redis lost writes the
+  member saw: what it holds was granted under metadata that is gone, and it gets its
+  shards back only as fresh grants.
+
+Every request carries the next **sequence number** (a re-send of the same request to
+another replica keeps it, ``protocol/client.py``): the coordinator acts on a request
+only if its number is above every one it acted on for this member, so a duplicated or
+delayed copy can neither complete a revocation nor take a grant. A grant whose fence
+token is below one this member already held for the shard is refused (dropped, logged,
+counted, reported as fenced so the coordinator re-grants it under a fresh token): a
+handler's ``ctx.fencing_token`` never goes down for a shard.
 
 The local lease (E1): after a successful heartbeat sent at ``t`` the member starts
 runs only until ``t + leaseTtl x (1 - drift) - margin - grace`` and cancels or
@@ -25,6 +36,7 @@ worker's lease watchdog), and reads again only on a new answer.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -48,6 +60,11 @@ if TYPE_CHECKING:
 __all__ = ("CoordinatorAssignment",)
 
 log = logging.getLogger("streamworks.member")
+
+#: Answers after which the member drops every shard and rejoins once its runs ended.
+_DROP_ALL = frozenset(
+    {HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER, HeartbeatStatus.SYNC_METADATA}
+)
 
 
 class CoordinatorAssignment:
@@ -79,6 +96,10 @@ class CoordinatorAssignment:
         self._interval = settings.heartbeat_interval
         self._full = True  # next request carries subscriptions and owned shards in full
         self._namespace: tuple[str | None, frozenset[str]] | None = None  # last verified
+        self._sequence = itertools.count(1)  # one number per new request, never reused
+        self._highest: dict[ShardId, int] = {}  # shard -> highest fence token granted
+        #: Grants refused because their token was below one held before for the shard.
+        self.refused_grants = 0
 
     def _request(self, worker: Worker, epoch: int) -> HeartbeatRequest:
         joining = epoch == 0
@@ -86,6 +107,7 @@ class CoordinatorAssignment:
         streams = worker.app.streams
         return HeartbeatRequest(
             member_id=worker.member_id,
+            sequence=next(self._sequence),
             member_epoch=epoch,
             metadata_version=self.metadata_version,
             subscriptions=sorted(worker.subscriptions) if full else None,
@@ -137,7 +159,7 @@ class CoordinatorAssignment:
             self.last_response = response
             if await self._check_namespace(worker, response):
                 self._apply(worker, response, sent)
-            if self.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+            if self.status in _DROP_ALL:
                 # The join would renew the lease: rejoin only once no run started
                 # under the old one is still going (the watchdog fail-stops one that
                 # outlives it).
@@ -150,8 +172,6 @@ class CoordinatorAssignment:
                     await worker.runs.wait_ended()
                 continue
             with anyio.move_on_after(self._interval):
-                if self.status is HeartbeatStatus.SYNC_METADATA:
-                    continue
                 await worker.wait_changed()  # a drain finished: report it promptly
 
     async def _check_namespace(self, worker: Worker, response: HeartbeatResponse) -> bool:
@@ -160,7 +180,7 @@ class CoordinatorAssignment:
         stop reading and raise ``NamespaceMismatchError`` (``redis/namespace.py``):
         reading nothing while looking healthy is worse. False: this Redis could not
         be asked, so the answer is not applied (the lease is not renewed on it)."""
-        if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+        if response.status in _DROP_ALL:
             return True  # grants nothing
         granted = frozenset(g.shard for g in response.assigned)
         last = self._namespace
@@ -193,7 +213,7 @@ class CoordinatorAssignment:
     def _apply(self, worker: Worker, response: HeartbeatResponse, sent: float) -> None:
         self.status = response.status
         self._interval = response.heartbeat_interval_ms / 1000
-        if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+        if response.status in _DROP_ALL:
             log.warning(
                 "member %s %s: dropping all shards (cancelling their runs) and rejoining",
                 worker.member_id[:8],
@@ -213,13 +233,11 @@ class CoordinatorAssignment:
             return
         self.epoch = response.member_epoch
         self.metadata_version = response.metadata_version
-        self._full = response.status is HeartbeatStatus.SYNC_METADATA
+        self._full = False
         ttl = response.lease_ttl_ms / 1000
         margin = max(self._interval, self.settings.heartbeat_interval)
         worker.lease.renew_after_heartbeat(sent, ttl, margin)
-        grants = {
-            ShardId.parse(g.shard): f"{g.epoch}:{worker.member_id}" for g in response.assigned
-        }
+        grants = self._accepted_grants(worker, response)
         revoke = {ShardId.parse(s) for s in response.revoke}
         worker.start_drain(revoke)
         # Shards we read that the coordinator neither grants nor revokes are no longer
@@ -233,6 +251,31 @@ class CoordinatorAssignment:
             log.info("no longer owns %s (moved while its lease had lapsed)", _names(lost))
             worker.drop_shards(lost)
         worker.apply_assignment(grants)
+
+    def _accepted_grants(self, worker: Worker, response: HeartbeatResponse) -> dict[ShardId, str]:
+        """The grants to read under (shard -> fence token), without any whose token is
+        below one this member held for the shard: a handler's ``ctx.fencing_token``
+        never goes down. A refused grant is reported as fenced, so the coordinator
+        re-grants it under a fresh (higher) token."""
+        grants: dict[ShardId, str] = {}
+        for grant in response.assigned:
+            shard = ShardId.parse(grant.shard)
+            highest = self._highest.get(shard, 0)
+            if grant.epoch < highest:
+                self.refused_grants += 1
+                log.error(
+                    "member %s: refused the grant of %s under token %d, below %d held "
+                    "before (Redis lost writes?); asking for a fresh grant",
+                    worker.member_id[:8],
+                    shard,
+                    grant.epoch,
+                    highest,
+                )
+                worker.fenced.add(shard)
+                continue
+            self._highest[shard] = grant.epoch
+            grants[shard] = f"{grant.epoch}:{worker.member_id}"
+        return grants
 
     async def leave(self, worker: Worker) -> None:
         """Send epoch -1 so the shards move at once (graceful shutdown)."""

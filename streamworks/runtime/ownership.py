@@ -63,6 +63,11 @@ FAIL_STOP_EXIT_CODE = 75
 #: unwind before the fail-stop (seconds).
 UNWIND = 0.25
 
+#: The watchdog looks at the lease at least this often (seconds): its waits run on the
+#: event loop's clock, which stops while the host is suspended, the lease's deadlines on
+#: one that does not (``clock.py``); after a resume it acts within this.
+RECHECK = 1.0
+
 
 class RunCancelled(Exception):
     """A run was cancelled (or refused to start) because its shard's ownership ended:
@@ -433,8 +438,9 @@ def fail_stop(worker: Worker, going: int) -> None:
 
 
 async def _wait(lease: Lease, runs: Runs | None, timeout: float | None) -> None:
-    """Until the lease changes, a run ends (with ``runs``), or ``timeout`` passes."""
-    with anyio.move_on_after(timeout):
+    """Until the lease changes, a run ends (with ``runs``), or ``timeout`` passes (at
+    most :data:`RECHECK`)."""
+    with anyio.move_on_after(RECHECK if timeout is None else min(timeout, RECHECK)):
         async with anyio.create_task_group() as tg:
 
             async def lease_changed() -> None:

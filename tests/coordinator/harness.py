@@ -58,6 +58,7 @@ def beat(
     revoking: Iterable[str] = (),
     version: int = 0,
     fenced: Iterable[str] = (),
+    sequence: int | None = None,
 ) -> HeartbeatRequest:
     """A heartbeat request as a member sends it."""
     return HeartbeatRequest(
@@ -68,30 +69,36 @@ def beat(
         owned_shards=sorted(owned) if owned is not None else None,
         revoking_shards=sorted(revoking),
         fenced_shards=sorted(fenced),
+        sequence=sequence,
     )
 
 
 class SimMember:
     """A well-behaved member reduced to its protocol: it reads exactly what it was
     granted, drops revoked shards at once (an instant drain), and rejoins with epoch 0
-    when fenced or unknown. ``responses`` keeps every answer."""
+    when fenced, unknown or told to sync. It numbers its requests as a worker does
+    (``sequence``). ``responses`` keeps every answer."""
 
     def __init__(self, member_id: str, subscriptions: Iterable[str]) -> None:
         self.member_id = member_id
         self.subscriptions = sorted(subscriptions)
         self.epoch = 0
         self.version = 0
+        self.sequence = 0
         self.owned: set[str] = set()
         self.responses: list[HeartbeatResponse] = []
 
     def request(self) -> HeartbeatRequest:
+        """The member's next request (a new sequence number)."""
         joining = self.epoch == 0
+        self.sequence += 1
         return beat(
             self.member_id,
             self.epoch,
             subscriptions=self.subscriptions,
             owned=() if joining else self.owned,
             version=self.version,
+            sequence=self.sequence,
         )
 
     async def heartbeat(self, coordinator: Any, group: str) -> HeartbeatResponse:
@@ -102,7 +109,7 @@ class SimMember:
 
     def apply(self, response: HeartbeatResponse) -> None:
         self.responses.append(response)
-        if response.status in (HeartbeatStatus.FENCED, HeartbeatStatus.UNKNOWN_MEMBER):
+        if response.status is not HeartbeatStatus.OK:  # FENCED, UNKNOWN, SYNC_METADATA
             self.epoch, self.version, self.owned = 0, 0, set()
             return
         self.epoch = response.member_epoch

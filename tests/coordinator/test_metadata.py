@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from streamworks import App
@@ -34,15 +33,6 @@ from tests.coordinator.harness import (
 from tests.support import wait_for
 
 
-def issued_epochs(members: list[SimMember]) -> set[int]:
-    """Every epoch the members were ever told: member, group and grant epochs."""
-    out: set[int] = set()
-    for m in members:
-        for r in m.responses:
-            out |= {r.member_epoch, r.group_epoch, *(g.epoch for g in r.assigned)}
-    return out
-
-
 async def fences(redis: Any, keyspace: Keyspace, shards: list[str]) -> dict[str, str]:
     out = {}
     for shard in shards:
@@ -57,47 +47,64 @@ SHARDS = [f"orders/{i}@0" for i in range(4)]
 # -- E19 -------------------------------------------------------------------------------------
 
 
+def issued_tokens(members: list[SimMember]) -> set[int]:
+    """Every fence token the members were ever granted."""
+    return {g.epoch for m in members for r in m.responses for g in r.assigned}
+
+
+async def group_keys(redis: Any, keyspace: Keyspace) -> dict[str, Any]:
+    """The group's control keys as Redis holds them (``DUMP``)."""
+    keys = [
+        keyspace.group_meta("g"),
+        keyspace.group_leases("g"),
+        keyspace.group_sequences("g"),
+        keyspace.group_changes("g"),
+    ]
+    return {k: await redis.dump(k) for k in keys}
+
+
 @pytest.mark.seed("E19")
-async def test_a_member_ahead_of_redis_is_told_to_sync_and_new_epochs_exceed_old_ones(
+async def test_a_member_ahead_of_redis_is_told_to_sync_and_new_tokens_exceed_old_ones(
     settings: Settings, redis: Any, keyspace: Keyspace
 ) -> None:
-    async with open_service(fast_settings(settings)) as service:
+    """Issue 18, finding 4b: SYNC_METADATA carries no grants and renews no lease; the
+    member drops everything and rejoins, and gets its shards back only as fresh
+    grants, under tokens above every token anyone saw before the loss."""
+    clock = Clock()
+    configured = fast_settings(settings)
+    async with open_service(configured, clock=clock) as service:
         await service.create_stream("orders", 4)
         m1, m2 = SimMember("m1", ["orders"]), SimMember("m2", ["orders"])
         await settle([m1], service)
-        recorded = (m1.epoch, m1.version)
+        recorded = m1.version
         snapshot = await redis.dump(keyspace.group_meta("g"))
         await settle([m1, m2], service)
-        assert m1.version > recorded[1]
-        before_loss = issued_epochs([m1, m2])
-        ahead = m1.request()
+        assert m1.version > recorded
+        before_loss = issued_tokens([m1, m2])
 
         # Redis loses the writes since the snapshot (a failover to a stale replica).
         await redis.restore(keyspace.group_meta("g"), 0, snapshot, replace=True)
-        response = await service.heartbeat("g", ahead)
+        untouched = await group_keys(redis, keyspace)
+        response = await service.heartbeat("g", m1.request())
         assert response.status is HeartbeatStatus.SYNC_METADATA
-        assert (response.member_epoch, response.metadata_version) == recorded
-        # The correction round lasts until the member heartbeats with the recorded version.
-        again = await service.heartbeat("g", ahead)
-        assert again.status is HeartbeatStatus.SYNC_METADATA
-        assert again.metadata_version == recorded[1]
-        m1.apply(again)
-        assert (await m1.heartbeat(service, "g")).status is HeartbeatStatus.OK
+        assert response.assigned == [] and response.member_epoch == 0
+        assert response.metadata_version == recorded
+        assert await group_keys(redis, keyspace) == untouched  # nothing written
+        m1.apply(response)  # it drops everything and rejoins
         # m2 joined after the snapshot: Redis does not know it; it rejoins.
         assert (await m2.heartbeat(service, "g")).status is HeartbeatStatus.UNKNOWN_MEMBER
         settled_from = len(m1.responses), len(m2.responses)
+        await m1.heartbeat(service, "g")
+        await m2.heartbeat(service, "g")
+        # The fences of m2's lost grants refuse the new grants: their shards stay out of
+        # reach for a lease TTL (m2 may still have been running them).
+        await tick(service, clock, configured.lease_ttl + 0.1)
         await settle([m1, m2], service)
 
-        # Whatever was issued after the loss is newer than anything issued before it,
-        # except grants kept from before the loss (their fences are unchanged).
-        info = await service.group_info("g")
-        assert info.group_epoch > max(before_loss)
-        assert all(m.epoch > max(before_loss) for m in info.members)
-        kept = {g.shard: g.epoch for g in m1.responses[0].assigned}
+        # Every grant after the loss is above every token issued before it.
         for member, start in zip((m1, m2), settled_from, strict=True):
             for r in member.responses[start:]:
-                for grant in r.assigned:
-                    assert grant.epoch > max(before_loss) or kept.get(grant.shard) == grant.epoch
+                assert all(g.epoch > max(before_loss) for g in r.assigned)
         owners = {g.shard: f"{g.epoch}:{m.member_id}" for m in (m1, m2) for g in m.last.assigned}
         assert await fences(redis, keyspace, SHARDS) == owners
 
@@ -108,9 +115,13 @@ async def tick(service: CoordinatorService, clock: Clock, seconds: float) -> Non
 
 
 @pytest.mark.seed("E19")
-async def test_a_grant_refused_by_a_newer_fence_fences_the_member_and_raises_epochs(
+async def test_a_grant_refused_by_a_lost_grants_fence_fences_and_quarantines(
     settings: Settings, redis: Any, keyspace: Keyspace
 ) -> None:
+    """Issue 18, finding 4c: a grant refused by a fence the metadata never recorded
+    fences the member with its shards quarantined (as at a revocation timeout), and
+    the refused shards stay out of reach for a lease TTL, even after the member
+    rejoins; then they are granted under tokens above the fences'."""
     clock = Clock()
     configured = fast_settings(settings)
     async with open_service(configured, clock=clock) as service:
@@ -118,7 +129,7 @@ async def test_a_grant_refused_by_a_newer_fence_fences_the_member_and_raises_epo
         m1 = SimMember("m1", ["orders"])
         await settle([m1], service)
         snapshot = await redis.dump(keyspace.group_meta("g"))
-        # Churn: members come and go, grants and fences reach higher epochs.
+        # Churn: members come and go, grants and fences reach higher tokens.
         churn = [SimMember(f"c{i}", ["orders"]) for i in range(3)]
         for member in churn:
             await settle([m1, member], service)
@@ -126,18 +137,23 @@ async def test_a_grant_refused_by_a_newer_fence_fences_the_member_and_raises_epo
         highest = max(
             int(v.split(":")[0]) for v in (await fences(redis, keyspace, SHARDS)).values()
         )
-        assert highest > 3
 
-        # Redis loses all of it, and no member that saw it is left to report an epoch.
+        # Redis loses all of it, and no member that saw it is left to report anything.
         await redis.restore(keyspace.group_meta("g"), 0, snapshot, replace=True)
         await tick(service, clock, configured.lease_ttl + 0.1)  # m1 is gone too
-        info = await service.group_info("g")
-        assert info.group_epoch <= highest  # the metadata is behind the fences
         newcomer = SimMember("n1", ["orders"])
         refused = await newcomer.heartbeat(service, "g")
         assert refused.status is HeartbeatStatus.FENCED
-        assert refused.group_epoch > highest
-        # It rejoins and gets grants newer than every fence: all accepted.
+        info = await service.group_info("g")
+        lost = [m for m in info.members if m.member_id.startswith("~lost:")]
+        assert lost and all(m.state == "FENCED" for m in lost)
+        # It rejoins at once (no runs): the shards whose fences name lost grants stay
+        # pending for a lease TTL.
+        await newcomer.heartbeat(service, "g")
+        for _ in range(3):
+            r = await newcomer.heartbeat(service, "g")
+            assert r.status is HeartbeatStatus.OK and r.pending
+        await tick(service, clock, configured.lease_ttl + 0.1)
         await settle([newcomer], service)
         assert all(g.epoch > highest for g in newcomer.last.assigned)
         assert {g.shard for g in newcomer.last.assigned} == set(SHARDS)
@@ -236,17 +252,6 @@ async def raw_state(redis: Any, keyspace: Keyspace, shards: list[str]) -> dict[s
     return out
 
 
-def without_group_epoch(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with the group epoch taken out of the group header (and the revision
-    that goes with a header write)."""
-    group = dict(state["group"])
-    header = orjson.loads(group.pop(b"header"))
-    epoch = header.pop("group_epoch")
-    group.pop(b"rev")
-    group.pop(b"cid", None)
-    return {**state, "group": group, "header": header, "epoch": epoch}
-
-
 @pytest.mark.seed("E20")
 async def test_reports_contradicting_intact_metadata_change_nothing_over_http(
     settings: Settings, redis: Any, keyspace: Keyspace
@@ -256,10 +261,10 @@ async def test_reports_contradicting_intact_metadata_change_nothing_over_http(
     granted (m2's, and one that does not exist), then also a metadata version above the
     recorded one with an extra subscription (``audit``), and m2 reports an epoch above
     the group's with the same claims. Each reply holds only what Redis records for the
-    member (OK, SYNC_METADATA, FENCED: nothing), and in Redis the member records, the
-    subscription registries, the shards' group lists, the consumer groups and every
-    owner fence are byte for byte what they were. The only write any report causes is
-    the epoch floor of E19: the group epoch is raised above an epoch reported to it."""
+    member (OK), or nothing (SYNC_METADATA, FENCED), and in Redis the member records,
+    the group header, the subscription registries, the shards' group lists, the
+    consumer groups and every owner fence are byte for byte what they were: no report
+    writes anything (issue 18: a number in a request never moves the group epoch)."""
     shards = [*SHARDS, "audit/0@0"]
     async with open_service(fast_settings(settings, lease_ttl=60.0)) as service:
         await service.create_stream("orders", 4)
@@ -292,15 +297,12 @@ async def test_reports_contradicting_intact_metadata_change_nothing_over_http(
                 beat("m1", m1.epoch, owned=claim, version=m1.version + 5, subscriptions=extra),
             )
             assert r.status is HeartbeatStatus.SYNC_METADATA
-            assert sorted((g.shard, g.epoch) for g in r.assigned) == grants["m1"]
-            assert r.member_epoch == m1.epoch and r.metadata_version == m1.version
-            synced = without_group_epoch(await raw_state(redis, keyspace, shards))
-            reference = without_group_epoch(before)
-            assert {**synced, "epoch": None} == {**reference, "epoch": None}
-            assert synced["epoch"] > m1.epoch  # the E19 floor, nothing else
+            assert r.assigned == [] and r.member_epoch == 0  # no grants: drop and rejoin
+            assert r.metadata_version == m1.version
+            assert await raw_state(redis, keyspace, shards) == before
 
             # 3. m2 reports an epoch above the group epoch, with the same claims.
-            high = synced["epoch"] + 10
+            high = info.group_epoch + 10
             r = await http.heartbeat(
                 "g",
                 beat(
@@ -312,9 +314,7 @@ async def test_reports_contradicting_intact_metadata_change_nothing_over_http(
                 ),
             )
             assert r.status is HeartbeatStatus.FENCED and r.assigned == [] and not r.pending
-            fenced = without_group_epoch(await raw_state(redis, keyspace, shards))
-            assert {**fenced, "epoch": None} == {**reference, "epoch": None}
-            assert fenced["epoch"] == high + 1
+            assert await raw_state(redis, keyspace, shards) == before
 
         info = await service.group_info("g")
         assert {m.member_id: sorted(m.assigned) for m in info.members} == {
@@ -454,10 +454,13 @@ async def test_an_operator_reinitialises_a_lost_group_and_its_workers_resume(
         await rt.redis.delete(rt.keyspace.group_meta("g"))
         await service.reinitialize(request)
         info = await service.group_info("g")
-        assert info.group_epoch > highest and not info.members
+        assert not info.members
         await rt.wait_assigned()  # the workers rejoined
-        info = await service.group_info("g")
-        assert all(m.epoch > highest for m in info.members)
+        # Under fence tokens above every token of the old fences: accepted, and the
+        # workers' ctx.fencing_token went up, not down.
+        for s in SHARDS:
+            fence = await rt.redis.get(rt.keyspace.fence(ShardId.parse(s), "g"))
+            assert int(fence.split(b":")[0]) > highest
         for n in range(20):
             await app.publish("orders", {"n": n}, key=f"k{n}")
         await rt.wait_idle()

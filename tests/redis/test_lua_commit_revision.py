@@ -15,6 +15,7 @@ import pytest
 
 from streamworks.coordinator.core import Group, Member, MemberState
 from streamworks.coordinator.core.streams import new_stream
+from streamworks.coordinator.leases import MOVED, RENEWED
 from streamworks.coordinator.store import Store
 from streamworks.redis.keyspace import Keyspace
 
@@ -63,8 +64,8 @@ async def test_a_group_revision_lost_by_redis_is_never_issued_again(
 
     # The no-change heartbeat refuses a's stale cached revision, takes the current one.
     await redis.zadd(keyspace.group_leases("g"), {"m1": now + TTL})
-    assert (await a.renew_lease("g", "m1", TTL, lost, {}))[0] is False
-    assert (await a.renew_lease("g", "m1", TTL, again, {}))[0] is True
+    assert (await a.renew_lease("g", "m1", TTL, lost, {}))[0] == MOVED
+    assert (await a.renew_lease("g", "m1", TTL, again, {}))[0] == RENEWED
     # And the compare-and-set refuses a write based on the lost content.
     assert (
         await a.commit_group(

@@ -1,7 +1,8 @@
 """fence.lua: monotonic owner-fence write.
 
-Contract: {1, token} written (or already equal) | {0, current} refused | {-2} the
-shard does not exist (nothing written).
+Contract: {1, fence} written (or already equal) | {0, current} refused (a newer or equal
+token of another member, or one the writer's metadata never recorded) | {2, current} a
+newer grant to the same member holds | {-2} the shard does not exist (nothing written).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from .streams import set_key, shard
 STREAM_KEY: dict[str, str] = {}  # fence key -> its shard's stream key
 
 
-async def write(scripts: Scripts, key: str, epoch: int, member: str) -> list[Any]:
-    return await scripts.fence(keys=[key, STREAM_KEY[key]], args=[epoch, member])
+async def write(
+    scripts: Scripts, key: str, token: int, member: str, known: int | None = None
+) -> list[Any]:
+    args: list[Any] = [token, member] if known is None else [token, member, known]
+    return await scripts.fence(keys=[key, STREAM_KEY[key]], args=args)
 
 
 @pytest.fixture
@@ -80,8 +84,8 @@ async def test_newer_epoch_replaces(
     [
         pytest.param("4:m-1", 3, "m-2", id="older-epoch"),
         pytest.param("10:m-1", 9, "m-2", id="older-epoch-fewer-digits"),
-        pytest.param("4:m-1", 3, "m-1", id="older-epoch-same-member"),
         pytest.param("4:m-1", 4, "m-2", id="equal-epoch-other-member"),
+        pytest.param("1843200000000001:m-1", 1843200000000000, "m-2", id="older-token-of-2**50"),
     ],
 )
 async def test_refuses_an_older_or_equal_epoch_and_returns_the_current_fence(
@@ -90,6 +94,36 @@ async def test_refuses_an_older_or_equal_epoch_and_returns_the_current_fence(
     await redis.set(fence_key, current)
     assert await write(scripts, fence_key, epoch, member) == [0, current.encode()]
     assert await redis.get(fence_key) == current.encode()
+
+
+async def test_a_newer_grant_to_the_same_member_is_kept(
+    redis: Any, scripts: Scripts, fence_key: str
+) -> None:
+    """A late write of a member's older grant (a replica that answered slowly) leaves
+    the member's newer one in place; nothing is wrong, nothing is written."""
+    await redis.set(fence_key, "4:m-1")
+    assert await write(scripts, fence_key, 3, "m-1") == [2, b"4:m-1"]
+    assert await redis.get(fence_key) == b"4:m-1"
+
+
+async def test_a_fence_the_metadata_never_issued_refuses_even_a_higher_token(
+    redis: Any, scripts: Scripts, fence_key: str
+) -> None:
+    """Issue 18, finding 4: a fence of another member with a token above every token the
+    writer's metadata recorded is a grant Redis lost with the metadata; its owner may
+    still run the shard. A higher token does not replace it: the coordinator must know
+    (it fences its grantee and quarantines the shards). Without the third argument (an
+    older coordinator) only the monotonic rule applies."""
+    await redis.set(fence_key, "500:m-1")
+    assert await write(scripts, fence_key, 900, "m-2", known=400) == [0, b"500:m-1"]
+    assert await redis.get(fence_key) == b"500:m-1"
+    # Known to the metadata (issued at or below its last token): replaced.
+    assert await write(scripts, fence_key, 900, "m-2", known=500) == [1, b"900:m-2"]
+    # The same member's own lost grant is superseded by its new one.
+    await redis.set(fence_key, "950:m-2")
+    assert await write(scripts, fence_key, 990, "m-2", known=900) == [1, b"990:m-2"]
+    await redis.set(fence_key, "995:m-1")
+    assert await write(scripts, fence_key, 999, "m-2") == [1, b"999:m-2"]
 
 
 async def test_sequence_of_grants_never_goes_backwards(

@@ -1,7 +1,8 @@
 """A scale-out racing a group's first subscription (issue 10, part 2), through the real
 coordinator service, each interleaving held in place by a hook in the store (no sleeps).
 
-The scale-out reads the registry, creates the new shard, commits the layout. A group
+The scale-out commits the new shard PROVISIONING, reads the registry, creates the new
+shard, commits the layout that activates it. A group
 subscribing for the first time registers, then creates its consumer groups on the
 shards of the layout it loads after registering. When the registration lands between
 the scale-out's shard creation and its commit, the new shard is created without the
@@ -57,13 +58,18 @@ async def test_a_group_registered_while_a_scale_out_creates_shards_loses_nothing
         await service.create_stream(STREAM, 1)
         await settle([SimMember("e1", [STREAM])], service, EARLY)
 
-        # Hold the scale-out between creating the new shard and committing the layout.
+        # Hold the scale-out between creating the new shard and committing the layout
+        # that activates it (the first commit records it PROVISIONING: no key yet).
         created, release = anyio.Event(), anyio.Event()
         real_commit = service.store.commit_stream
+        commits = 0
 
         async def held_commit(*args: Any, **kwargs: Any) -> Any:
-            created.set()
-            await release.wait()
+            nonlocal commits
+            commits += 1
+            if commits == 2:
+                created.set()
+                await release.wait()
             return await real_commit(*args, **kwargs)
 
         service.store.commit_stream = held_commit  # type: ignore[method-assign]

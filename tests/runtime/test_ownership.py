@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -90,7 +89,7 @@ async def test_reads_stop_when_the_lease_expires_and_resume_on_renewal(
         [worker] = rt.workers
         await app.publish("orders", {"n": 0})
         await rt.wait_idle()
-        worker.lease.renew(time.monotonic() - 1)  # the lease ran out
+        worker.lease.renew(worker.clock.monotonic() - 1)  # the lease ran out
         # Once the loss is noticed (the watchdog cuts the reader's wait short), nothing
         # is read: the fenced read queued behind the wait never runs.
         await wait_for(lambda: lease_lost(worker), message="the lease loss")
@@ -116,7 +115,7 @@ async def test_a_wait_for_new_entries_ends_before_the_lease_does(
         [worker] = rt.workers
         await app.publish("orders", {"n": 0})
         await rt.wait_idle()
-        worker.lease.renew(time.monotonic() + 0.3)  # ends while the reader waits
+        worker.lease.renew(worker.clock.monotonic() + 0.3)  # ends while the reader waits
         await wait_for(lambda: lease_lost(worker), message="the lease loss")
         for n in range(1, 4):
             await app.publish("orders", {"n": n})

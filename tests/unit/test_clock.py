@@ -7,6 +7,7 @@ import time
 import anyio
 import pytest
 
+from streamworks import clock as clock_module
 from streamworks.clock import Clock
 
 
@@ -70,3 +71,46 @@ def test_on_advance_calls_until_unregistered() -> None:
     stop()
     clock.advance(1)
     assert calls == [1.0]
+
+
+# -- a clock that counts suspend (issue 18, finding 6) ---------------------------------
+
+_SUSPENDED = 1_000.0  # seconds the host spent suspended, as the fake clocks tell it
+
+
+def _fake_clocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``time.clock_gettime`` of a host that was suspended for ``_SUSPENDED`` seconds:
+    CLOCK_BOOTTIME counts them (as does macOS's CLOCK_MONOTONIC), ``time.monotonic``
+    and Linux's CLOCK_MONOTONIC do not."""
+    real = time.monotonic
+
+    def clock_gettime(clock_id: int) -> float:
+        if clock_id == getattr(time, "CLOCK_BOOTTIME", -1):
+            return real() + _SUSPENDED
+        return real()
+
+    monkeypatch.setattr(time, "clock_gettime", clock_gettime, raising=False)
+
+
+def test_member_deadlines_run_on_a_clock_that_counts_suspend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A member resumed after a host suspend must see its lease as expired: its clock
+    counts the suspend (``CLOCK_BOOTTIME`` on Linux), ``time.monotonic`` would not."""
+    if not hasattr(time, "CLOCK_BOOTTIME"):
+        pytest.skip("CLOCK_BOOTTIME is Linux's")
+    _fake_clocks(monkeypatch)
+    monkeypatch.setattr(clock_module, "boottime", clock_module._suspend_aware())
+    assert Clock().monotonic() - time.monotonic() == pytest.approx(_SUSPENDED, abs=1.0)
+
+
+def test_without_boottime_the_clock_falls_back_to_clock_monotonic_then_monotonic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(time, "CLOCK_BOOTTIME", raising=False)
+    monkeypatch.setattr(time, "CLOCK_MONOTONIC", 1, raising=False)
+    seen: list[int] = []
+    monkeypatch.setattr(time, "clock_gettime", lambda i: seen.append(i) or 5.0, raising=False)
+    assert clock_module._suspend_aware()() == 5.0 and seen == [1]
+    monkeypatch.delattr(time, "clock_gettime")
+    assert clock_module._suspend_aware() is time.monotonic

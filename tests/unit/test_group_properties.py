@@ -3,9 +3,11 @@
 A hypothesis ``RuleBasedStateMachine`` drives the pure core the way the shell
 and real members would: honest clients join, heartbeat (sometimes losing the
 response, then re-sending their old epoch), drain revoked shards over a few
-heartbeats, leave or crash; the clock advances; the event loop expires leases,
-fences overdue revocations, removes stale records and computes batched targets;
-streams gain and lose shards. The protocol invariants are checked after every step.
+heartbeats, leave or crash; the network delivers a request twice or late (the same
+body, the same sequence number, after the member moved on); the clock advances; the
+Redis clock steps (grants held); the event loop expires leases, fences overdue
+revocations, removes stale records and computes batched targets; streams gain and
+lose shards. The protocol invariants are checked after every step.
 
 Also here: the model's serialization and validation properties.
 """
@@ -42,12 +44,12 @@ from streamworks.coordinator.core import (
     expire_members,
     fence_overdue_revocations,
     heartbeat,
-    raise_epoch_floor,
     release_quarantines,
     remove_stale_members,
     stream_of,
 )
 from streamworks.coordinator.core.changes import GroupEdit, apply_delta
+from streamworks.coordinator.core.recovery import fence_after_regression
 from streamworks.exceptions import ConfigurationError
 
 MEMBER_IDS = ("m0", "m1", "m2", "m3", "m4")
@@ -67,8 +69,11 @@ class Client:
     subscriptions: frozenset[str] = frozenset(STREAMS)
     send_subscriptions: bool = False
     owned: set[str] = field(default_factory=set)
-    grants: dict[str, int] = field(default_factory=dict)  # owned shard -> grant epoch
+    grants: dict[str, int] = field(default_factory=dict)  # owned shard -> fence token
     revoking: dict[str, int] = field(default_factory=dict)  # shard -> heartbeats left
+    sequence: int = 0  # of the last request sent (the process never reuses one)
+    sent: list[HeartbeatInput] = field(default_factory=list)  # the last few requests
+    highest: dict[str, int] = field(default_factory=dict)  # shard -> highest token seen
 
     def drop_everything(self) -> None:
         self.epoch = 0
@@ -97,13 +102,17 @@ class GroupMachine(RuleBasedStateMachine):
         self.topology_version = 1
         self.topology = self._build_topology()
         self.group = Group("g")
+        self.refused: dict[str, int] = {}
         self.clients = {mid: Client() for mid in MEMBER_IDS}
         self.leases: dict[str, int] = {}
+        # The newest request sequence acted on, per member (the shell's store).
+        self.sequences: dict[str, int] = {}
         # Owner fences live on the shards' keys: a loss of metadata writes keeps them.
         self.fences: dict[str, tuple[str, int]] = {}
         self.converged_checks = 0
-        self.history: list[tuple[Group, dict[str, int]]] = []
+        self.history: list[tuple[Group, dict[str, int], dict[str, int]]] = []
         self.lost_writes = False
+        self.hold_grants = False
 
     # -- the world ---------------------------------------------------------------
 
@@ -123,8 +132,9 @@ class GroupMachine(RuleBasedStateMachine):
         actor: str | None = None,
         reported: frozenset[str] | None = None,
         replaced: bool = False,
-    ) -> None:
-        """Commit a step like the shell would, checking the step-wise invariants."""
+    ) -> dict[str, int]:
+        """Commit a step like the shell would, checking the step-wise invariants.
+        Returns the members whose grant a fence refused (they are answered FENCED)."""
         before, after = self.group, result.group
         # The change set is exact: the shell writes only that, and a no-op nothing.
         assert result.header_changed == (before.to_header() != after.to_header())
@@ -151,20 +161,24 @@ class GroupMachine(RuleBasedStateMachine):
                 if old.state is MemberState.UNREVOKED:
                     assert reported is not None
                     assert reported.isdisjoint(old.pending_revocation)
-        # Invariant 4: per shard, grant epochs never decrease and strictly increase
-        # when the owner changes, so fence.lua never has to refuse a write. Only after
-        # Redis lost metadata writes may it refuse one: the shell then reports the
-        # newer fence epoch back so the group's epochs overtake it.
-        refused_epoch = -1
+        # Invariant 4: per shard, fence tokens strictly increase with every grant, so
+        # fence.lua never has to refuse a write. Only after Redis lost metadata writes
+        # may it refuse one (a fence holds a token the metadata never recorded): the
+        # shell then fences the member and raises the token floor above that token.
+        refused: dict[str, dict[str, str]] = {}
         for fence in result.fences:
             last = self.fences.get(fence.shard)
-            token = (fence.member_id, fence.epoch)
-            if last is not None and last != token and last[1] >= fence.epoch:
+            token = (fence.member_id, fence.token)
+            verdict = _fence_script(last, token, before.last_token)
+            if verdict == "refused":
                 assert self.lost_writes, f"fence of {fence.shard}: {token} after {last}"
-                refused_epoch = max(refused_epoch, last[1])
-            else:
+                assert last is not None
+                refused.setdefault(fence.member_id, {})[fence.shard] = f"{last[1]}:{last[0]}"
+            elif verdict == "written":
                 self.fences[fence.shard] = token
-        self.history = [*self.history[-9:], (before, dict(self.leases))]
+        assert all(f.token <= after.last_token for f in result.fences)
+        assert after.last_token >= before.last_token
+        self.history = [*self.history[-9:], (before, dict(self.leases), dict(self.sequences))]
         _check_derived(after)
         # What another replica reads after this commit (the changed records and, if it
         # changed, the header), applied to what it had: exactly the committed group.
@@ -177,8 +191,26 @@ class GroupMachine(RuleBasedStateMachine):
         assert caught_up == after
         _check_derived(caught_up)
         self.group = after
-        if refused_epoch >= 0:
-            self._apply(raise_epoch_floor(self.group, refused_epoch))
+        for mid in result.removed_members:
+            self.sequences.pop(mid, None)  # deleted with the record, in the same script
+        for mid, shards in refused.items():
+            # As the shell does: fenced, its shards quarantined for a whole lease TTL,
+            # the lost grants' shards too (under their owners' records).
+            ttl_end = self.now + self.config.lease_ttl_ms
+            step = fence_after_regression(
+                self.group,
+                mid,
+                shards,
+                self.now,
+                member_until_ms=max(self.leases.get(mid, 0), ttl_end),
+                lost_until_ms=ttl_end,
+            )
+            self._apply(step)
+            for shard, fence in shards.items():
+                assert self.group.last_token >= int(fence.split(":")[0])
+                assert self.group.holders().get(shard) is not None  # quarantined
+            self.leases.pop(mid, None)
+        return dict.fromkeys(refused, 1)
 
     def _heartbeat(self, mid: str, *, lose: bool, drain: int) -> HeartbeatResult | None:
         client = self.clients[mid]
@@ -189,6 +221,7 @@ class GroupMachine(RuleBasedStateMachine):
             if client.revoking[shard] <= 0:
                 del client.revoking[shard]
         joining = client.epoch == 0
+        client.sequence += 1
         request = HeartbeatInput(
             member_id=mid,
             member_epoch=client.epoch,
@@ -200,28 +233,17 @@ class GroupMachine(RuleBasedStateMachine):
             fence_failed=frozenset(
                 s for s in client.owned if self.fences.get(s) != (mid, client.grants[s])
             ),
+            sequence=client.sequence,
         )
-        before = self.group
-        result = heartbeat(self.group, self.topology, request, self.now, self.config)
-        self._apply(result, actor=mid, reported=request.reported(), replaced=joining)
-        if result.renews_lease:
-            self.leases[mid] = self.now + self.config.lease_ttl_ms
-        if result.status is HeartbeatStatus.OK:
-            record = self.group.members[mid]
-            assert result.member_epoch == record.epoch
-            assert result.assigned == record.assigned
-            assert result.revoke == record.pending_revocation
-            assert result.pending == record.target - set(record.assigned)
-            # The owner fence of every shard the member may read names it already.
-            for shard, epoch in result.assigned.items():
-                assert self.fences[shard] == (mid, epoch) or self.lost_writes
-        if result.status is HeartbeatStatus.SYNC_METADATA:
-            assert self.lost_writes
-            assert self.group.members[mid] == before.members[mid]  # nothing copied (E20)
-            assert self.group.group_epoch > request.member_epoch
+        client.sent = [*client.sent[-4:], request]
+        result = self._deliver(request, replaced=joining)
         if lose:
             return result
-        if result.status in (HeartbeatStatus.OK, HeartbeatStatus.SYNC_METADATA):
+        if self.refused.get(mid) is not None:
+            # The shell answered FENCED: the grant was refused by a newer fence.
+            client.drop_everything()
+            return result
+        if result.status is HeartbeatStatus.OK:
             client.epoch = result.member_epoch
             client.metadata_version = result.group.metadata_version
             client.send_subscriptions = False
@@ -233,8 +255,47 @@ class GroupMachine(RuleBasedStateMachine):
             client.grants = dict(result.assigned)
             for shard in granted:
                 client.revoking.pop(shard, None)
+                # ctx.fencing_token of a shard never goes down for a member.
+                assert result.assigned[shard] >= client.highest.get(shard, 0) or self.lost_writes
+                client.highest[shard] = max(client.highest.get(shard, 0), result.assigned[shard])
         else:
-            client.drop_everything()
+            client.drop_everything()  # FENCED, UNKNOWN_MEMBER, SYNC_METADATA: rejoin
+        return result
+
+    def _deliver(self, request: HeartbeatInput, *, replaced: bool = False) -> HeartbeatResult:
+        """The coordinator's side of one request, as the shell runs it."""
+        mid = request.member_id
+        request = replace(request, last_sequence=self.sequences.get(mid, 0))
+        before = self.group
+        result = heartbeat(
+            self.group, self.topology, request, self.now, self.config, hold_grants=self.hold_grants
+        )
+        acted = result.renews_lease or not result.is_noop
+        if request.stale or result.status is not HeartbeatStatus.OK:
+            # Stale requests and refusals write nothing at all (finding 2, finding 3).
+            assert result.is_noop and not result.renews_lease
+            assert result.group is before
+        if acted and request.sequence is not None:
+            self.sequences[mid] = request.sequence
+        self.refused = self._apply(
+            result, actor=mid, reported=request.reported(), replaced=replaced
+        )
+        if self.hold_grants:
+            assert result.fences == (), "a grant while grants are held"
+        if result.renews_lease and not self.refused.get(mid):
+            self.leases[mid] = self.now + self.config.lease_ttl_ms
+        if result.status is HeartbeatStatus.OK and result.member_epoch >= 0 and not self.refused:
+            record = self.group.members[mid]
+            assert result.member_epoch == record.epoch
+            assert result.assigned == record.assigned
+            assert result.revoke == record.pending_revocation
+            assert result.pending == record.target - set(record.assigned)
+            # The owner fence of every shard the member may read names it already.
+            for shard, token in result.assigned.items():
+                assert self.fences[shard] == (mid, token) or self.lost_writes
+        if result.status is HeartbeatStatus.SYNC_METADATA:
+            assert self.lost_writes
+            assert result.assigned == {} and result.member_epoch == 0  # grants nothing
         return result
 
     # -- rules ---------------------------------------------------------------------
@@ -276,30 +337,47 @@ class GroupMachine(RuleBasedStateMachine):
     def send_heartbeat(self, mid: str, lose: bool, drain: int) -> None:
         self._heartbeat(mid, lose=lose, drain=drain)
 
+    @rule(mid=st.sampled_from(MEMBER_IDS), back=st.integers(1, 5))
+    def deliver_again(self, mid: str, back: int) -> None:
+        """The network delivers one of the member's last requests again: a duplicate
+        of the newest (a re-send after a timeout), or an older one, late (a request
+        stalled in a replica while the member moved on). It acts on nothing."""
+        client = self.clients[mid]
+        if len(client.sent) < back:
+            return
+        request = client.sent[-back]
+        before, leases = self.group, dict(self.leases)
+        self._deliver(request)
+        if not self.lost_writes:
+            assert self.group is before and self.leases == leases, "a replayed request acted"
+
+    @rule(hold=st.booleans())
+    def redis_clock_steps(self, hold: bool) -> None:
+        """A step of the Redis clock holds grants (and settles)."""
+        self.hold_grants = hold
+
     @rule(mid=st.sampled_from(MEMBER_IDS))
     def leave(self, mid: str) -> None:
         client = self.clients[mid]
         if not client.alive:
             return
-        result = heartbeat(
-            self.group,
-            self.topology,
-            HeartbeatInput(mid, -1, client.metadata_version),
-            self.now,
-            self.config,
-        )
-        self._apply(result, actor=mid)
+        client.sequence += 1
+        request = HeartbeatInput(mid, -1, client.metadata_version, sequence=client.sequence)
+        client.sent = [*client.sent[-4:], request]
+        result = self._deliver(request)
         assert result.status is HeartbeatStatus.OK
         assert mid not in self.group.live_members()
         self.leases.pop(mid, None)
         client.alive = False
         client.drop_everything()
+        client.sent.clear()
 
     @rule(mid=st.sampled_from(MEMBER_IDS))
     def crash(self, mid: str) -> None:
         client = self.clients[mid]
         client.alive = False
         client.drop_everything()
+        client.sent.clear()
 
     @rule(ms=st.sampled_from([1, 500, 2_000, 9_999, 10_000, 12_000, 30_000, 70_000]))
     def tick(self, ms: int) -> None:
@@ -365,6 +443,7 @@ class GroupMachine(RuleBasedStateMachine):
         for client in self.clients.values():  # honest from now on: hung handlers finish
             for shard in client.revoking:
                 client.revoking[shard] = min(client.revoking[shard], 2)
+        self.hold_grants = False  # the Redis clock settled
         rounds = self.config.lease_ttl_ms // self.config.heartbeat_interval_ms + 10
         for _ in range(rounds):
             self.now += self.config.heartbeat_interval_ms
@@ -426,18 +505,25 @@ class GroupMachine(RuleBasedStateMachine):
         after = {s: mid for mid, m in self.group.live_members().items() for s in m.target}
         moved = sum(1 for s, mid in after.items() if before.get(s, mid) != mid)
         members = len(self.group.live_members())
-        assert moved <= math.ceil(len(after) / members)
+        if members:  # (after lost writes the newcomer's grant may be refused: fenced)
+            assert moved <= math.ceil(len(after) / members)
 
     # -- invariants checked after every step ------------------------------------------------
 
     @invariant()
     def no_shard_has_two_live_holders(self) -> None:  # invariant 1
-        # A fenced member's quarantine counts as holding: nobody else may have it.
+        # A fenced member's quarantine counts as holding: no live member may have it.
+        # (Two tombstones may quarantine one shard: a member fenced after lost writes,
+        # and the record of the lost grant's owner.)
         seen: dict[str, str] = {}
         for mid, member in self.group.members.items():
-            for shard in member.held():
-                assert shard not in seen, f"{shard} held by {seen.get(shard)} and {mid}"
-                seen[shard] = mid
+            if member.is_live:
+                for shard in member.held():
+                    assert shard not in seen, f"{shard} held by {seen.get(shard)} and {mid}"
+                    seen[shard] = mid
+        for mid, member in self.group.members.items():
+            for shard in member.quarantined:
+                assert shard not in seen, f"{shard} held by {seen.get(shard)}, {mid} quarantines"
 
     @invariant()
     def shards_a_live_member_still_reads_stay_its_own(self) -> None:  # E6, clients' view
@@ -462,8 +548,8 @@ class GroupMachine(RuleBasedStateMachine):
         if self.lost_writes and not even_after_lost_writes:
             return
         for mid, member in self.group.live_members().items():
-            for shard, epoch in member.assigned.items():
-                assert self.fences.get(shard) == (mid, epoch)
+            for shard, token in member.assigned.items():
+                assert self.fences.get(shard) == (mid, token)
 
     @invariant()
     def epochs_are_ordered(self) -> None:
@@ -471,7 +557,7 @@ class GroupMachine(RuleBasedStateMachine):
         assert group.target_epoch <= group.group_epoch
         for member in group.live_members().values():
             assert member.epoch <= group.target_epoch
-            assert all(e <= member.epoch for e in member.assigned.values())
+            assert all(t <= group.last_token for t in member.assigned.values())
             if member.state is MemberState.STABLE and member.epoch == group.target_epoch:
                 assert set(member.assigned) == member.target
             if member.state is MemberState.UNREVOKED:
@@ -526,17 +612,19 @@ class WriteLossMachine(GroupMachine):
 
     The group reverts to an older snapshot while the shards' owner fences and the
     members' own views stay newer. Members that saw newer metadata get
-    SYNC_METADATA, stale epochs get FENCED, fence writes older than the surviving
-    fences are refused and reported back, members report failed fenced reads, and
-    the group must still converge with every fence naming its holder.
+    SYNC_METADATA (no grants: they rejoin), stale epochs get FENCED, fence writes
+    below a surviving fence the metadata does not know are refused (the member is
+    fenced and quarantined, the token floor raised), members report failed fenced
+    reads, and the group must still converge with every fence naming its holder.
     """
 
     @rule(back=st.integers(1, 6))
     def lose_writes(self, back: int) -> None:
         if len(self.history) < back:
             return
-        # The lease set shares the metadata's hash tag: it loses the writes too.
-        self.group, self.leases = self.history[-back]
+        # The lease set and the sequences share the metadata's hash tag: they lose the
+        # writes too.
+        self.group, self.leases, self.sequences = self.history[-back]
         self.history = self.history[:-back]
         self.lost_writes = True
 
@@ -787,6 +875,19 @@ def test_group_edit_reports_only_real_changes() -> None:
     assert changed == {"m", "n"}
     assert removed == {"m"}
     assert not header_changed
+
+
+def _fence_script(last: tuple[str, int] | None, new: tuple[str, int], known: int) -> str:
+    """What ``fence.lua`` does with a write of ``new`` over ``last``, ``known`` being the
+    highest token the writer's metadata recorded: ``written``, ``refused`` or ``kept``
+    (a newer grant to the same member is in place)."""
+    if last is None or last == new:
+        return "written"
+    if last[1] >= new[1]:
+        return "kept" if last[0] == new[0] else "refused"
+    if last[1] > known and last[0] != new[0]:
+        return "refused"
+    return "written"
 
 
 def _check_derived(group: Group) -> None:

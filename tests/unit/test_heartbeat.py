@@ -6,6 +6,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from streamworks.coordinator.core import (
     CoreConfig,
@@ -24,10 +27,13 @@ from streamworks.coordinator.core import (
     fence_overdue_revocations,
     heartbeat,
     next_deadline_ms,
-    raise_epoch_floor,
+    raise_token_floor,
     release_quarantines,
     remove_stale_members,
 )
+from streamworks.coordinator.core.heartbeat import MAX_EPOCH
+from streamworks.coordinator.core.recovery import empty_group, fence_after_regression
+from streamworks.coordinator.core.tokens import TOKENS_PER_MS, next_token, parse_token
 
 OK = HeartbeatStatus.OK
 FENCED = HeartbeatStatus.FENCED
@@ -64,7 +70,9 @@ class Harness:
         assert result.changed_members == differing
         assert result.removed_members == set(before.members) - set(result.group.members)
         for fence in result.fences:
-            self.fences[fence.shard] = (fence.member_id, fence.epoch)
+            # Tokens only grow per shard (the fence script refuses anything else).
+            assert fence.token > self.fences.get(fence.shard, ("", -1))[1]
+            self.fences[fence.shard] = (fence.member_id, fence.token)
 
     def hb(
         self,
@@ -77,6 +85,9 @@ class Harness:
         metadata_version: int | None = None,
         fence_failed: Iterable[str] = (),
         client: dict[str, str] | None = None,
+        sequence: int | None = None,
+        last_sequence: int = 0,
+        hold_grants: bool = False,
     ) -> HeartbeatResult:
         request = HeartbeatInput(
             member_id=member_id,
@@ -89,8 +100,12 @@ class Harness:
             revoking=frozenset(revoking),
             client=client,
             fence_failed=frozenset(fence_failed),
+            sequence=sequence,
+            last_sequence=last_sequence,
         )
-        result = heartbeat(self.group, self.topology, request, self.now, self.config)
+        result = heartbeat(
+            self.group, self.topology, request, self.now, self.config, hold_grants=hold_grants
+        )
         self.apply(result)
         return result
 
@@ -104,6 +119,16 @@ class Harness:
 
     def member(self, member_id: str) -> Member:
         return self.group.members[member_id]
+
+
+def settle(h: Harness, members: Iterable[str]) -> None:
+    """Heartbeat every member (honestly) until the group is STABLE."""
+    for _ in range(5):
+        for mid in members:
+            h.steady(mid)
+        if h.group.state is GroupState.STABLE:
+            return
+    raise AssertionError(f"not settled: {h.group.state}")
 
 
 def two_members_splitting_four_shards() -> tuple[Harness, frozenset[str]]:
@@ -125,9 +150,11 @@ def test_first_join_gets_everything_with_fences() -> None:
     assert r.status is OK
     assert r.member_epoch == 1
     assert set(r.assigned) == set(h.topology.shards["orders"])
-    assert set(r.assigned.values()) == {1}
+    # Granted under one fence token made from Redis time (tokens.py), recorded.
+    token = h.now * TOKENS_PER_MS
+    assert set(r.assigned.values()) == {token} and h.group.last_token == token
     assert {f.shard for f in r.fences} == set(r.assigned)
-    assert all(f.member_id == "a" and f.epoch == 1 for f in r.fences)
+    assert all(f.member_id == "a" and f.token == token for f in r.fences)
     assert r.changed_members == {"a"}
     assert r.header_changed
     assert h.group.state is GroupState.STABLE
@@ -183,12 +210,13 @@ def test_rejoin_replaces_a_live_record_and_frees_its_shards() -> None:
     h = Harness()
     h.join("a")
     old_epoch = h.group.group_epoch
+    old_token = h.group.last_token
     r = h.join("a")  # e.g. the member was fenced and dropped everything
     assert r.status is OK
     assert h.group.group_epoch == old_epoch + 1
     assert r.member_epoch == h.group.group_epoch
-    # Re-granted under the new epoch, so the fences are rewritten.
-    assert {f.epoch for f in r.fences} == {r.member_epoch}
+    # Re-granted under a new token (same millisecond: the next one), fences rewritten.
+    assert {f.token for f in r.fences} == {old_token + 1} == {h.group.last_token}
     assert len(r.fences) == 4
 
 
@@ -210,7 +238,7 @@ def test_leave_frees_shards_at_once() -> None:
     assert h.hb("a", 2).status is HeartbeatStatus.UNKNOWN_MEMBER
     r = h.steady("b")
     assert len(r.assigned) == 4
-    assert all(h.fences[s] == ("b", r.member_epoch) for s in r.assigned)
+    assert all(h.fences[s] == ("b", r.assigned[s]) for s in r.assigned)
 
 
 def test_unknown_or_repeated_leave_is_a_no_op() -> None:
@@ -320,13 +348,60 @@ def test_fenced_member_gets_fenced_then_rejoins() -> None:
     assert h.member("a").state.is_live
 
 
-def test_reported_epoch_above_group_epoch_raises_group_epoch() -> None:
+# -- requests that cannot lie (issue 18, finding 2) -----------------------------------
+
+
+@pytest.mark.parametrize("epoch", [2, 40, MAX_EPOCH])
+def test_an_unknown_member_with_any_epoch_changes_nothing(epoch: int) -> None:
+    """Finding 2: an unknown member id posting a huge epoch used to raise (and commit)
+    the group epoch to 2**31 before it was found unknown, bricking the group."""
     h = Harness()
     h.join("a")
-    r = h.hb("ghost", 40)
-    assert r.status is UNKNOWN
-    assert r.header_changed
-    assert h.group.group_epoch == 41
+    before = h.group
+    r = h.hb("ghost", epoch, owned=["orders/0@0"], metadata_version=MAX_EPOCH)
+    assert r.status is UNKNOWN and r.member_epoch == 0 and r.assigned == {}
+    assert r.is_noop and not r.renews_lease and r.group is before
+    assert h.steady("a").status is OK  # the honest member goes on
+
+
+def test_a_known_member_reporting_an_epoch_above_the_group_is_fenced_without_a_write() -> None:
+    h = Harness()
+    h.join("a")
+    before = h.group
+    r = h.hb("a", before.group_epoch + 1, owned=h.member("a").assigned)
+    assert r.status is FENCED and r.assigned == {}
+    assert r.is_noop and not r.renews_lease and r.group is before
+
+
+@given(
+    member=st.sampled_from(["a", "b", "ghost"]),
+    epoch=st.integers(-1, MAX_EPOCH),
+    version=st.integers(0, MAX_EPOCH),
+    owned=st.frozensets(st.sampled_from([f"orders/{i}@0" for i in range(6)])),
+)
+@hypothesis_settings(max_examples=300, deadline=None)
+def test_a_report_above_what_the_group_issued_writes_nothing(
+    member: str, epoch: int, version: int, owned: frozenset[str]
+) -> None:
+    """Whatever epoch, version and claims a request carries: if the epoch or the
+    version is above what the group issued, or the member is unknown, nothing is
+    written, no lease renewed and nothing granted."""
+    h = Harness()
+    h.join("a")
+    h.join("b")
+    h.steady("a")
+    h.steady("b")
+    before = h.group
+    request = HeartbeatInput(
+        member, epoch, version, owned=owned if epoch else None, subscriptions=None
+    )
+    above = epoch > before.group_epoch or version > before.metadata_version
+    if epoch == 0 or (epoch == -1 and member != "ghost") or not (above or member == "ghost"):
+        return  # a join, a leave, or a report within what was issued: ordinary paths
+    r = heartbeat(before, h.topology, request, h.now, h.config)
+    assert r.status is not OK or epoch == -1
+    assert r.is_noop and not r.renews_lease and r.group is before
+    assert r.assigned == {} and r.fences == ()
 
 
 # -- revoke before assign, pending, E6/E7/E8 --------------------------------------
@@ -349,14 +424,16 @@ def test_shard_is_pending_until_previous_owner_revokes() -> None:
     r = h.hb("a", 1, owned=kept, revoking=revoked)
     assert r.revoke == revoked
     assert h.steady("b").pending == revoked
-    # a acknowledges; b gets the shards on its next heartbeat, fenced at its epoch.
+    # a acknowledges; b gets the shards on its next heartbeat, under a newer token.
+    a_tokens = {s: h.fences[s][1] for s in revoked}
     r = h.hb("a", 1, owned=kept)
     assert r.member_epoch == 2
     assert r.revoke == frozenset()
     r = h.steady("b")
     assert set(r.assigned) == revoked
     assert r.pending == frozenset()
-    assert {h.fences[s] for s in revoked} == {("b", 2)}
+    assert all(h.fences[s] == ("b", r.assigned[s]) for s in revoked)
+    assert all(r.assigned[s] > a_tokens[s] for s in revoked)
     assert h.group.state is GroupState.STABLE
 
 
@@ -383,7 +460,7 @@ def test_pending_shard_is_granted_after_holder_expires() -> None:
     assert result.fences == ()
     r = h.steady("b")
     assert set(r.assigned) == set(h.topology.shards["orders"])
-    assert {h.fences[s] for s in revoked} == {("b", r.member_epoch)}
+    assert all(h.fences[s] == ("b", r.assigned[s]) for s in revoked)
 
 
 @pytest.mark.seed("E8")
@@ -416,10 +493,12 @@ def test_overdue_revocation_is_fenced_and_shard_freed_when_its_lease_would_end()
     h.now = end
     h.apply(release_quarantines(h.group, h.now))
     assert h.member("a").held() == frozenset()
+    a_tokens = {s: h.fences[s][1] for s in revoked}
     r = h.steady("b")
     assert set(r.assigned) == set(h.topology.shards["orders"])
-    assert all(h.fences[s] == ("b", r.member_epoch) for s in revoked)
-    assert r.member_epoch > 1  # strictly newer than a's grants: the fence script accepts
+    assert all(h.fences[s] == ("b", r.assigned[s]) for s in revoked)
+    # Strictly newer than a's grants: the fence script accepts.
+    assert all(r.assigned[s] > a_tokens[s] for s in revoked)
 
 
 # -- expiry, EMPTY, stale removal (E5) ----------------------------------------------
@@ -480,69 +559,189 @@ def test_partial_expiry_rebalances_the_rest() -> None:
 
 @pytest.mark.seed("E19")
 @pytest.mark.seed("E20")
-def test_higher_metadata_version_gets_sync_metadata_until_member_catches_up() -> None:
+def test_higher_metadata_version_gets_sync_metadata_which_grants_and_writes_nothing() -> None:
     h = Harness()
     h.join("a")
-    recorded = h.member("a")
-    version = h.group.metadata_version
+    before = h.group
     # Redis lost writes: the member saw metadata version 9 and epoch 7 before the loss.
     request_owned = {"orders/0@0", "orders/9@9"}
-    r = h.hb("a", 7, owned=request_owned, metadata_version=9, subscriptions=["audit"])
+    r = h.hb("a", 1, owned=request_owned, metadata_version=9, subscriptions=["audit"])
     assert r.status is SYNC
-    assert r.member_epoch == recorded.epoch
-    assert r.assigned == recorded.assigned
-    assert r.renews_lease
-    # Epochs issued from now on exceed anything the member saw.
-    assert h.group.group_epoch > 7
-    assert r.header_changed
-    # Nothing from the report reached the metadata.
-    assert h.member("a") == recorded
-    assert h.group.metadata_version == version
-    assert r.changed_members == frozenset()
-    # Asking again is answered the same way and writes nothing more.
-    r = h.hb("a", 7, owned=request_owned, metadata_version=9)
-    assert r.status is SYNC
-    assert r.is_noop
-    # The member adopts the recorded state and heartbeats with the recorded version.
-    r = h.hb("a", recorded.epoch, owned=recorded.assigned, metadata_version=version)
+    # No grants (what it holds was granted under metadata Redis lost: it drops every
+    # shard and rejoins), no lease renewal, and nothing written at all.
+    assert r.member_epoch == 0 and r.assigned == {} and r.pending == frozenset()
+    assert not r.renews_lease and r.is_noop and r.group is before
+    # The member rejoins (once its runs ended) and gets fresh grants, under tokens
+    # above every token issued before.
+    h.now += 1
+    r = h.join("a")
     assert r.status is OK
-    assert r.member_epoch > 7
-    assert h.group.state is GroupState.STABLE
+    assert all(t > before.last_token for t in r.assigned.values())
 
 
 @pytest.mark.seed("E19")
-def test_sync_metadata_raises_group_epoch_above_reported_epoch_equal_to_it() -> None:
+def test_a_member_reporting_an_epoch_above_the_group_epoch_after_a_loss_rejoins() -> None:
     h = Harness()
     h.join("a")
-    reported = h.group.group_epoch  # equal, not above: only the correction round raises it
-    r = h.hb("a", reported, owned=(), metadata_version=h.group.metadata_version + 1)
-    assert r.status is SYNC
-    assert h.group.group_epoch == reported + 1
-    assert h.group.state is GroupState.ASSIGNING
+    tokens_seen = dict(h.member("a").assigned)
+    snapshot = h.group
+    for _ in range(3):  # rebalances Redis then loses
+        h.join("b")
+        h.steady("a")
+        h.steady("b")
+        h.hb("b", -1)
+        h.steady("a")
+        h.now += 1
+        tokens_seen |= {s: max(t, tokens_seen.get(s, 0)) for s, t in h.member("a").assigned.items()}
+    seen = h.member("a")
+    h.group = snapshot  # the failover
+    r = h.hb("a", seen.epoch, owned=seen.assigned, metadata_version=seen.epoch)
+    assert r.status in (SYNC, FENCED) and r.assigned == {} and r.is_noop
+    h.now += 1
+    r = h.join("a")
+    assert all(t > tokens_seen[s] for s, t in r.assigned.items())
 
 
 @pytest.mark.seed("E20")
-def test_fence_refused_after_lost_writes_is_overtaken_and_repaired() -> None:
-    h = Harness(orders(1))
+def test_fence_refused_after_lost_writes_quarantines_and_raises_the_token_floor() -> None:
+    """Finding 4c: the member whose grant a fence of a lost grant refused is fenced with
+    its shards quarantined, as at a revocation timeout, not freed at once; the refused
+    shard stays quarantined for a lease TTL even after that member rejoins (the lost
+    grant's owner may still run it)."""
+    h = Harness(orders(2))
     h.join("a")
-    # Before Redis lost writes, "a" was granted the shard at epoch 9; that fence
-    # survived on the shard's key, the metadata did not, and "a" crashed.
-    shard = "orders/0@0"
-    h.fences[shard] = ("a", 9)
-    h.now += h.config.lease_ttl_ms
-    h.apply(expire_members(h.group, ["a"], h.now))
-    r = h.join("b")
-    assert r.fences[0].epoch < 9  # fence.lua refuses this write (9 >= epoch)...
-    # ...and the shell reports the surviving fence's epoch back to the core.
-    h.fences[shard] = ("a", 9)
-    h.apply(raise_epoch_floor(h.group, 9))
-    assert h.group.group_epoch == 10
-    assert raise_epoch_floor(h.group, 9).is_noop
-    r = h.steady("b")  # the next target is newer than anything before the loss
-    assert r.member_epoch == 10
-    r = h.hb("b", 10, owned=r.assigned, fence_failed=[shard])  # its fenced read failed
-    assert [(f.shard, f.member_id, f.epoch) for f in r.fences] == [(shard, "b", 10)]
-    assert r.assigned == {shard: 10}
+    h.join("b")
+    settle(h, "ab")
+    # Before Redis lost writes, "x" was granted b's shard under a token the metadata
+    # never recorded (the fence survived on the shard's key, the metadata did not).
+    [shard] = h.member("b").assigned
+    lost = h.group.last_token + 500
+    held_by_b = h.member("b").held()
+    until = h.now + h.config.lease_ttl_ms
+    refused = {shard: f"{lost}:x"}
+    h.apply(
+        fence_after_regression(
+            h.group, "b", refused, h.now, member_until_ms=until, lost_until_ms=until
+        )
+    )
+    b = h.member("b")
+    assert b.state is MemberState.FENCED
+    assert b.quarantined == held_by_b and b.quarantined_until_ms == until
+    lost_record = h.member("~lost:x")
+    assert lost_record.quarantined == {shard} and lost_record.quarantined_until_ms == until
+    assert h.group.last_token == lost  # every token from now on is above it
+    h.join("b")  # b's runs ended: it rejoins at once
+    for _ in range(3):
+        r = h.steady("a")
+        assert shard not in r.assigned and shard in r.pending | h.member("b").target
+        h.steady("b")
+    assert shard not in h.member("b").assigned
+    h.now = until
+    h.apply(release_quarantines(h.group, h.now))
+    settle(h, "ab")
+    holder = next(m for m in "ab" if shard in h.member(m).assigned)
+    assert h.member(holder).assigned[shard] > lost
+    assert raise_token_floor(h.group, lost).is_noop
+    assert raise_token_floor(h.group, h.group.last_token + 1).group.last_token > lost
+
+
+def test_an_operator_reinitialised_group_issues_tokens_above_its_fences() -> None:
+    group = empty_group("g", token_floor=10**15)
+    assert group.group_epoch == 0 and group.last_token == 10**15
+    h = Harness()
+    h.group = group
+    r = h.join("a")
+    assert r.member_epoch == 1 and all(t > 10**15 for t in r.assigned.values())
+
+
+# -- fence tokens (issue 18, finding 4d) ---------------------------------------------
+
+
+@given(last=st.integers(0, 2**52), now=st.integers(0, 2**42), later=st.integers(0, 10**6))
+def test_a_token_is_above_the_last_and_above_redis_time(last: int, now: int, later: int) -> None:
+    token = next_token(last, now)
+    assert token > last and token >= now * TOKENS_PER_MS
+    # Issued later (ms), from the metadata as it was *before* this token (a loss of
+    # writes put `last` back): still above it once Redis time passed the grant's.
+    assert next_token(last, now + later + 1) > token or token > now * TOKENS_PER_MS
+    assert parse_token(f"{token}:m") == token and parse_token("x:m") is None
+
+
+def test_tokens_survive_a_loss_of_writes_when_redis_time_moved_on() -> None:
+    h = Harness()
+    h.join("a")
+    before_loss = h.group
+    h.join("b")
+    settle(h, "ab")
+    issued = h.group.last_token
+    h.group = before_loss  # the failover lost b's join and its grants
+    h.now += 2_000  # a failover takes seconds
+    h.join("c")
+    settle(h, "ac")
+    granted = h.member("c").assigned
+    assert granted and min(granted.values()) > issued
+
+
+# -- request sequence numbers (issue 18, finding 3) ------------------------------------
+
+
+def test_a_stale_or_duplicate_request_is_answered_from_the_record_and_acts_on_nothing() -> None:
+    h, revoked = two_members_splitting_four_shards()
+    kept = set(h.member("a").assigned)
+    # Sequence 7 is the newest the coordinator acted on. A delayed request 6 claims
+    # the revoked shards are gone: it must not complete the revocation...
+    before = h.group
+    r = h.hb("a", 1, owned=kept, sequence=6, last_sequence=7)
+    assert r.stale and r.status is OK and r.is_noop and not r.renews_lease
+    assert r.group is before and h.member("a").state is MemberState.UNREVOKED
+    assert r.revoke == revoked and set(r.assigned) == kept  # the record, as it stands
+    # ...nor may a duplicate of 7 (a re-send), nor a stale join replace the record.
+    assert h.hb("a", 1, owned=kept, sequence=7, last_sequence=7).is_noop
+    r = h.hb("a", 0, subscriptions=["orders"], owned=None, sequence=5, last_sequence=7)
+    assert r.is_noop and h.member("a").epoch == 1
+    # b cannot take a grant on a stale request either.
+    assert h.hb("b", h.member("b").epoch, owned=(), sequence=3, last_sequence=3).assigned == {}
+    # The newer request acts.
+    r = h.hb("a", 1, owned=kept, sequence=8, last_sequence=7)
+    assert not r.stale and r.member_epoch == 2 and r.renews_lease
+    r = h.steady("b")
+    assert set(r.assigned) == revoked
+
+
+@pytest.mark.parametrize("status", [UNKNOWN, FENCED])
+def test_a_stale_request_of_a_dead_record_is_refused_without_a_write(
+    status: HeartbeatStatus,
+) -> None:
+    h = Harness()
+    h.join("a")
+    if status is UNKNOWN:
+        h.apply(expire_members(h.group, ["a"], h.now))
+    else:
+        h.group = replace(
+            h.group, members={"a": h.member("a").tombstone(MemberState.FENCED, h.now)}
+        )
+    before = h.group
+    r = h.hb("a", 1, owned=(), sequence=1, last_sequence=4)
+    assert r.status is status and r.is_noop and r.group is before
+
+
+def test_a_request_without_a_sequence_is_never_stale() -> None:
+    h = Harness()
+    h.join("a")
+    r = h.hb("a", 1, owned=h.member("a").assigned, last_sequence=10**6)
+    assert not r.stale and r.renews_lease
+
+
+@pytest.mark.parametrize("sequence", [0, -1, 2**53])
+def test_a_sequence_out_of_range_is_invalid(sequence: int) -> None:
+    with pytest.raises(InvalidHeartbeat, match="sequence"):
+        heartbeat(
+            Group("g"),
+            orders(2),
+            HeartbeatInput("a", 0, 0, frozenset({"orders"}), sequence=sequence),
+            0,
+            CoreConfig(),
+        )
 
 
 # -- subscriptions, topology, batching ------------------------------------------------
@@ -635,21 +834,21 @@ def test_batching_keeps_reconciling_against_the_last_target() -> None:
     h.hb("a", -1)  # a leaves instead; the next target waits for its slot
     assert h.group.state is GroupState.ASSIGNING
     r = h.steady("b")
-    # b still receives what the last target gave it, at a grant epoch strictly
-    # above a's: a shard reaches a new owner only through a later target.
+    # b still receives what the last target gave it, under a token strictly above
+    # a's: every grant takes a token above every earlier one.
     assert len(r.assigned) == 2
     assert r.pending == frozenset()
     for shard in r.assigned:
-        owner, epoch = h.fences[shard]
+        owner, token = h.fences[shard]
         assert owner == "b"
-        assert epoch > a_grants[shard]
+        assert token > a_grants[shard]
     h.now += 1_000
     r = h.steady("b")
     assert len(r.assigned) == 4
     assert h.group.state is GroupState.STABLE
 
 
-def test_fence_repair_regrants_at_current_epoch() -> None:
+def test_fence_repair_regrants_under_a_fresh_token() -> None:
     h = Harness(orders(2))
     h.join("a")
     h.join("b")
@@ -658,13 +857,29 @@ def test_fence_repair_regrants_at_current_epoch() -> None:
     h.steady("a")
     a = h.member("a")
     shard = next(iter(a.assigned))
-    assert a.assigned[shard] < a.epoch
+    old = a.assigned[shard]
+    h.now += 1
     r = h.hb("a", a.epoch, owned=a.assigned, fence_failed=[shard, "orders/9@9"])
-    assert [(f.shard, f.member_id, f.epoch) for f in r.fences] == [(shard, "a", a.epoch)]
-    assert r.assigned[shard] == a.epoch
+    fresh = h.now * TOKENS_PER_MS
+    assert [(f.shard, f.member_id, f.token) for f in r.fences] == [(shard, "a", fresh)]
+    assert r.assigned[shard] == fresh > old and h.group.last_token == fresh
+    assert r.changed_members == {"a"}
+    # Reported again (the fence write was lost, say): again a fresh, higher token.
     r = h.hb("a", a.epoch, owned=a.assigned, fence_failed=[shard])
-    assert r.fences[0].epoch == a.epoch  # rewritten idempotently
-    assert r.changed_members == frozenset()
+    assert r.fences[0].token == fresh + 1
+
+
+def test_held_grants_leave_new_shards_pending_and_repairs_waiting() -> None:
+    h = Harness(orders(4))
+    r = h.hb("a", 0, subscriptions=["orders"], hold_grants=True)
+    assert r.status is OK and r.renews_lease
+    assert r.assigned == {} and r.pending == set(h.topology.shards["orders"])
+    assert r.fences == () and h.group.last_token == 0
+    assert h.member("a").state is MemberState.UNRELEASED
+    r = h.hb("a", r.member_epoch, owned=(), fence_failed=["orders/0@0"], hold_grants=True)
+    assert r.assigned == {} and r.fences == ()
+    r = h.hb("a", r.member_epoch, owned=())  # settled: granted
+    assert len(r.assigned) == 4 and len(r.fences) == 4
 
 
 def test_rebalance_timeout_from_request_arms_the_deadline() -> None:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from streamworks.coordinator.core.migrations import (
     MigrationPhase,
+    activate,
     due_for_drain_check,
     migration_phase,
     retire_shards,
@@ -22,8 +23,21 @@ def ids(meta: StreamMeta, state: ShardState) -> list[str]:
     return [s.shard_id(meta.name) for s in meta.shards if s.state is state]
 
 
+def test_scale_out_records_new_shards_provisioning_first() -> None:
+    """Issue 18, finding 5: the new shards are committed before their keys exist, and
+    neither routed to nor assigned until the scale-out activates them."""
+    before = new_stream("orders", 4, 0)
+    meta = scale(before, 6, 1_000, LEASE)
+    assert ids(meta, ShardState.PROVISIONING) == ["orders/4@1", "orders/5@1"]
+    assert meta.routable() == before.routable() and meta.assignable() == before.assignable()
+    assert (meta.routing_version, meta.layout_version) == (1, 1)
+    with pytest.raises(ValueError, match="provisioned"):
+        scale(meta, 8, 1_000, LEASE)  # the shell finishes the first scale-out first
+    assert activate(before) is before
+
+
 def test_scale_out_adds_shards_under_a_new_incarnation() -> None:
-    meta = scale(new_stream("orders", 4, 0), 6, 1_000, LEASE)
+    meta = activate(scale(new_stream("orders", 4, 0), 6, 1_000, LEASE))
     assert [s.shard_id("orders") for s in meta.routable()] == [
         "orders/0@0",
         "orders/1@0",
@@ -74,7 +88,7 @@ def test_retirement_removes_shards_from_the_layout_and_completes() -> None:
 
 def test_scale_out_during_a_draining_scale_in_uses_new_keys() -> None:
     meta = scale(new_stream("orders", 8, 0), 3, 0, LEASE)
-    meta = scale(meta, 12, 1_000, LEASE)
+    meta = activate(scale(meta, 12, 1_000, LEASE))
     routable = [s.shard_id("orders") for s in meta.routable()]
     assert len(routable) == 12 and routable[:3] == ["orders/0@0", "orders/1@0", "orders/2@0"]
     assert all(r.endswith("@1") for r in routable[3:])
@@ -108,6 +122,9 @@ def test_layout_invariants_hold_under_any_sequence(ops: list[tuple[str, int]]) -
                 continue
             before_draining = set(ids(meta, ShardState.DRAINING))
             meta = scale(meta, n, now, LEASE)
+            # Not routed, not assigned before the shell activates them (keys exist).
+            assert not {s.index for s in meta.provisioning()} & {s.index for s in meta.routable()}
+            meta = activate(meta)
             assert meta.routing_version == routing + 1
             routing = meta.routing_version
             assert meta.shard_count == n

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamworks.coordinator.core import Member, MemberState, reconcile_member
+from streamworks.coordinator.core import Member, MemberState
+from streamworks.coordinator.core import reconcile_member as reconcile_with_token
 
 NOW = 5_000
 TIMEOUT = 60_000
@@ -40,6 +41,19 @@ def member(
         joined_at_ms=0,
         expired_at_ms=None,
     )
+
+
+def reconcile_member(
+    m: Member,
+    target_epoch: int,
+    target: frozenset[str],
+    owned: frozenset[str] | None,
+    holders: Mapping[str, str],
+    now_ms: int,
+) -> Member:
+    """Reconcile, granting under the target epoch as fence token (tokens only have to
+    be above every earlier one; ``test_heartbeat.py`` checks where they come from)."""
+    return reconcile_with_token(m, target_epoch, target, owned, holders, now_ms, target_epoch)
 
 
 def shards(*indexes: int) -> frozenset[str]:

@@ -32,7 +32,7 @@ from streamworks.coordinator.core.timers import (
     expire_members,
     fence_overdue_revocations,
     next_deadline_ms,
-    raise_epoch_floor,
+    raise_token_floor,
     release_quarantines,
     remove_stale_members,
 )
@@ -57,7 +57,7 @@ __all__ = (
     "fence_overdue_revocations",
     "heartbeat",
     "next_deadline_ms",
-    "raise_epoch_floor",
+    "raise_token_floor",
     "reconcile_member",
     "release_quarantines",
     "remove_stale_members",

@@ -25,6 +25,7 @@ from streamworks.coordinator.core.model import (
     Member,
     MemberState,
 )
+from streamworks.coordinator.core.tokens import next_token
 
 __all__ = ("GroupChange", "GroupEdit", "TimerResult", "apply_delta", "chain")
 
@@ -92,6 +93,7 @@ class GroupEdit:
         "_touched",
         "group_epoch",
         "last_assignment_ms",
+        "last_token",
         "metadata_version",
         "original",
         "target_epoch",
@@ -105,6 +107,7 @@ class GroupEdit:
         self.metadata_version = group.metadata_version
         self.topology_version: Mapping[str, int] = group.topology_version
         self.last_assignment_ms = group.last_assignment_ms
+        self.last_token = group.last_token
         self._members: dict[str, Member] | None = None
         self._touched: set[str] = set()
         self._built = False
@@ -157,11 +160,19 @@ class GroupEdit:
         self.group_epoch += 1
         self.metadata_version += 1
 
-    def raise_group_epoch_above(self, epoch: int) -> None:
-        """Make the group epoch exceed ``epoch``: after Redis lost writes, epochs issued
-        from now on must not repeat ones issued before the loss (E19, E20)."""
-        if self.group_epoch <= epoch:
-            self.group_epoch = epoch + 1
+    def peek_token(self, now_ms: int) -> int:
+        """The fence token the next grant of this step gets (``tokens.py``); it is
+        recorded only if :meth:`take_token` is called with it."""
+        return next_token(self.last_token, now_ms)
+
+    def take_token(self, token: int) -> None:
+        """Record ``token`` as issued (every later token is above it)."""
+        self.last_token = max(self.last_token, token)
+
+    def raise_token_floor(self, token: int) -> None:
+        """Make every token issued from now on exceed ``token``: a fence in Redis holds
+        a token the metadata never recorded, so Redis lost writes of this group."""
+        self.take_token(token)
 
     def retire(
         self,
@@ -214,6 +225,7 @@ class GroupEdit:
             metadata_version=self.metadata_version,
             topology_version=self.topology_version,
             last_assignment_ms=self.last_assignment_ms,
+            last_token=self.last_token,
         )
 
     def finish(self) -> tuple[Group, frozenset[str], frozenset[str], bool]:
@@ -240,6 +252,7 @@ class GroupEdit:
             self.metadata_version,
             dict(self.topology_version),
             self.last_assignment_ms,
+            self.last_token,
         )
 
 
@@ -250,6 +263,7 @@ def _header_of(group: Group) -> tuple[object, ...]:
         group.metadata_version,
         dict(group.topology_version),
         group.last_assignment_ms,
+        group.last_token,
     )
 
 
@@ -288,4 +302,5 @@ def apply_delta(
         edit.metadata_version = fields.metadata_version
         edit.topology_version = fields.topology_version
         edit.last_assignment_ms = fields.last_assignment_ms
+        edit.last_token = fields.last_token
     return edit.build()

@@ -3,6 +3,11 @@
 ``heartbeat(group, topology, request, now_ms, config)`` validates the request,
 applies it to the group and says what to write and answer:
 
+0. **Stale** (its sequence number is not above the newest one the coordinator acted
+   on for this member: a delayed, duplicated or re-sent request): nothing is acted on
+   (no write, no lease, no grant, no revocation completed by its report); the result
+   is the record as it stands, marked ``stale``, and the shell refuses the request
+   (retryable: the member sends a new one).
 1. **Leave** (epoch -1): the member's record is removed, its shards are freed at once,
    the group epoch is bumped. Leaving twice, or as an unknown member, is a no-op.
 2. **Join** (epoch 0): a fresh record replaces any previous one with the same id
@@ -10,20 +15,27 @@ applies it to the group and says what to write and answer:
    the group epoch is bumped.
 3. **Known member** (epoch > 0): unknown or EXPIRED -> ``UNKNOWN_MEMBER``; FENCED ->
    ``FENCED``. A metadata version above the recorded one means Redis lost writes:
-   ``SYNC_METADATA`` with the recorded assignment (E19). Otherwise the epoch must be
-   the stored one, or the previous one with nothing owned beyond ``assigned`` (a
-   lost response), else ``FENCED``. Subscription and client changes are applied.
+   ``SYNC_METADATA``, which grants nothing (the member drops every shard and rejoins;
+   E19). An epoch above the group epoch was never issued from this metadata:
+   ``FENCED``. Otherwise the epoch must be the stored one, or the previous one with
+   nothing owned beyond ``assigned`` (a lost response), else ``FENCED``. Subscription
+   and client changes are applied.
 4. A subscription change, or a new layout of a subscribed stream, bumps the group
    epoch once; a pending target is computed if due (``targets.py``); the member is
-   reconciled (``reconcile.py``); every newly granted shard gets a
-   :class:`FenceWrite`.
+   reconciled (``reconcile.py``); every newly granted shard gets a fence token
+   (``tokens.py``) and a :class:`FenceWrite`.
 
-Member reports are used for reconciliation and fencing only, never copied into
-group metadata (E20). An epoch reported above the group epoch is evidence of lost
-writes too, so the group epoch is raised above it before anything is issued.
+Only a request valid for its member changes anything: refusals (``UNKNOWN_MEMBER``,
+``FENCED``, ``SYNC_METADATA``) and stale requests write nothing at all, so no number a
+request carries can move the group's epochs. Member reports are used for
+reconciliation and fencing only, never copied into group metadata (E20). What a loss
+of Redis writes must not repeat — the fence tokens handed to members — does not
+depend on epochs (``tokens.py``).
 
 While a target computation is deferred by batching, members keep reconciling
-(and receiving freed shards) against the last target, as in Kafka.
+(and receiving freed shards) against the last target, as in Kafka. While grants are
+held (``hold_grants``: the Redis clock stepped, ``clock_steps.py``) members keep their
+shards and revoke, but receive nothing new.
 """
 
 from __future__ import annotations
@@ -49,6 +61,7 @@ from streamworks.protocol.shards import NAME_PATTERN
 
 __all__ = (
     "MAX_EPOCH",
+    "MAX_SEQUENCE",
     "HeartbeatInput",
     "HeartbeatResult",
     "HeartbeatStatus",
@@ -57,8 +70,11 @@ __all__ = (
 )
 
 #: Largest epoch or version a request may carry (int32, as in Kafka); keeps every
-#: number exact in Lua (doubles) and bounds how far a report can raise the group epoch.
+#: number exact in Lua (doubles). A report above what the group issued is refused anyway.
 MAX_EPOCH = 2**31 - 1
+
+#: Largest request sequence number (exact in Lua's doubles and in JSON).
+MAX_SEQUENCE = 2**53 - 1
 
 _NO_SHARDS: Mapping[str, int] = MappingProxyType({})
 
@@ -80,9 +96,15 @@ class HeartbeatInput:
         revoking: shards it was told to drain and still drains.
         rebalance_timeout_ms: its revocation timeout; None = unchanged / default.
         client: client information; None = unchanged.
-        fence_failed: shards whose fenced read failed although the member was told it
-            holds them; the coordinator re-grants those it still lists as the
-            member's at the member's current epoch and rewrites their fences.
+        fence_failed: shards whose fenced read failed (or whose grant the member
+            refused, its token being below one it saw) although the member was told
+            it holds them; the coordinator re-grants those it still lists as the
+            member's under a fresh token and rewrites their fences.
+        sequence: the request's sequence number; the member numbers every new request
+            and re-sends a request with its number. None: a client that does not
+            number its requests (nothing is then recognised as stale).
+        last_sequence: the newest sequence number the coordinator acted on for this
+            member (supplied by the shell from the store; 0: none).
     """
 
     member_id: str
@@ -94,6 +116,13 @@ class HeartbeatInput:
     rebalance_timeout_ms: int | None = None
     client: Mapping[str, str] | None = None
     fence_failed: frozenset[str] = frozenset()
+    sequence: int | None = None
+    last_sequence: int = 0
+
+    @property
+    def stale(self) -> bool:
+        """Whether the coordinator acted on this request, or a newer one, already."""
+        return self.sequence is not None and self.sequence <= self.last_sequence
 
     def reported(self) -> frozenset[str] | None:
         """Everything the member still reads or drains (owned | revoking), if reported."""
@@ -108,9 +137,9 @@ class HeartbeatResult(GroupChange):
 
     Attributes:
         status: see :class:`HeartbeatStatus`.
-        member_epoch: the member's epoch (-1 after leaving, 0 with FENCED or
-            UNKNOWN_MEMBER: rejoin with epoch 0).
-        assigned: shard -> grant epoch; the member may read these now (their
+        member_epoch: the member's epoch (-1 after leaving, 0 with FENCED,
+            UNKNOWN_MEMBER or SYNC_METADATA: drop every shard and rejoin with epoch 0).
+        assigned: shard -> fence token; the member may read these now (their
             fences are among ``fences`` or already written).
         pending: target shards not granted yet (another member still holds them,
             or this member must finish revoking first).
@@ -118,6 +147,7 @@ class HeartbeatResult(GroupChange):
         heartbeat_interval_ms: when to heartbeat next; short while anything is
             pending or revoking.
         lease_ttl_ms: the member's lease.
+        stale: the request was stale: answered from the record, nothing acted on.
     """
 
     status: HeartbeatStatus
@@ -127,14 +157,14 @@ class HeartbeatResult(GroupChange):
     revoke: frozenset[str]
     heartbeat_interval_ms: int
     lease_ttl_ms: int
+    stale: bool = False
 
     @property
     def renews_lease(self) -> bool:
-        """Whether the shell renews the member's lease: the member is live afterwards
-        and was answered OK or SYNC_METADATA (after a leave the lease is dropped)."""
-        if self.status not in (HeartbeatStatus.OK, HeartbeatStatus.SYNC_METADATA):
-            return False
-        return self.member_epoch >= 0
+        """Whether the shell renews the member's lease: the request acted, the member
+        is live afterwards and was answered OK (after a leave the lease is dropped;
+        SYNC_METADATA renews nothing: the member drops its shards and rejoins)."""
+        return not self.stale and self.status is HeartbeatStatus.OK and self.member_epoch >= 0
 
 
 def heartbeat(
@@ -143,6 +173,8 @@ def heartbeat(
     request: HeartbeatInput,
     now_ms: int,
     config: CoreConfig,
+    *,
+    hold_grants: bool = False,
 ) -> HeartbeatResult:
     """Apply one heartbeat to ``group``.
 
@@ -152,6 +184,7 @@ def heartbeat(
         request: the member's request.
         now_ms: Redis server time.
         config: timing knobs.
+        hold_grants: grant nothing new (shards stay pending; fence repairs wait).
 
     Returns:
         The new state, what changed (the shell writes only that, fences first), and
@@ -163,12 +196,10 @@ def heartbeat(
     """
     _validate(request)
     edit = GroupEdit(group)
+    if request.stale:
+        return _stale(edit, request.member_id, config)
     if request.member_epoch == -1:
         return _leave(edit, request.member_id, now_ms, config)
-    if request.member_epoch > edit.group_epoch:
-        # No epoch above the group epoch was ever issued from this metadata, so Redis
-        # lost writes: whatever the answer, issue nothing that could repeat it.
-        edit.raise_group_epoch_above(request.member_epoch)
     if request.member_epoch == 0:
         _join(edit, request, now_ms, config)
         bumped = True
@@ -179,8 +210,14 @@ def heartbeat(
         if current.state is MemberState.FENCED:
             return _refusal(edit, HeartbeatStatus.FENCED, config)
         if request.metadata_version > group.metadata_version:
-            return _sync_metadata(edit, current, request, config)
-        if not _epoch_accepted(current, request):
+            # The member saw metadata Redis no longer has (a failover or restore lost
+            # writes): what it holds was granted under that metadata. Nothing of the
+            # report is trusted or written; it drops every shard and rejoins, and gets
+            # its shards again only as fresh grants, under new tokens (E19).
+            return _refusal(edit, HeartbeatStatus.SYNC_METADATA, config)
+        if request.member_epoch > group.group_epoch or not _epoch_accepted(current, request):
+            # An epoch above the group epoch was never issued from this metadata: the
+            # same loss of writes, or a request that lies. Refused, nothing written.
             return _refusal(edit, HeartbeatStatus.FENCED, config)
         bumped = _apply_updates(edit, current, request)
     if bumped:
@@ -191,8 +228,9 @@ def heartbeat(
         compute_target(edit, topology, now_ms)
     member = edit.member(request.member_id)
     assert member is not None  # put by _join or present since the checks above
-    reconciled = _reconcile(edit, member, request, now_ms)
-    reconciled, fences = _fences(member, reconciled, request.fence_failed)
+    reconciled = _reconcile(edit, member, request, now_ms, hold_grants)
+    repair = frozenset() if hold_grants else request.fence_failed
+    reconciled, fences = _fences(edit, member, reconciled, repair, now_ms)
     if reconciled != member:
         edit.put(reconciled)
     return _answer(edit, HeartbeatStatus.OK, reconciled, fences, config)
@@ -207,6 +245,8 @@ def _validate(request: HeartbeatInput) -> None:
         )
     if request.metadata_version < 0 or request.metadata_version > MAX_EPOCH:
         raise InvalidHeartbeat(f"metadata_version out of range: {request.metadata_version}")
+    if request.sequence is not None and not 0 < request.sequence <= MAX_SEQUENCE:
+        raise InvalidHeartbeat(f"sequence must be in 1..2**53-1, not {request.sequence}")
     if request.rebalance_timeout_ms is not None and request.rebalance_timeout_ms <= 0:
         raise InvalidHeartbeat("rebalance_timeout_ms must be > 0")
     if request.subscriptions is not None:
@@ -292,49 +332,61 @@ def _apply_updates(edit: GroupEdit, member: Member, request: HeartbeatInput) -> 
     return subscriptions_changed
 
 
-def _reconcile(edit: GroupEdit, member: Member, request: HeartbeatInput, now_ms: int) -> Member:
+def _reconcile(
+    edit: GroupEdit, member: Member, request: HeartbeatInput, now_ms: int, hold_grants: bool
+) -> Member:
     if member.state is MemberState.STABLE and member.epoch == edit.target_epoch:
         return member  # reconciled already; skip building the holders map
-    return reconcile_member(
+    token = None if hold_grants else edit.peek_token(now_ms)
+    reconciled = reconcile_member(
         member,
         edit.target_epoch,
         member.target,
         request.reported(),
         edit.holders(),
         now_ms,
+        token,
     )
+    if token is not None and token in reconciled.assigned.values():
+        edit.take_token(token)  # above every earlier token: only a new grant has it
+    return reconciled
 
 
 def _fences(
-    before: Member, after: Member, fence_failed: frozenset[str]
+    edit: GroupEdit, before: Member, after: Member, fence_failed: frozenset[str], now_ms: int
 ) -> tuple[Member, tuple[FenceWrite, ...]]:
     """Fences for newly granted shards, and repairs of fences the member reported failed.
 
-    A repair re-grants the shard at the member's current epoch (never lower than its
-    grant epoch), so the rewrite is accepted by the monotonic fence script even when
-    a fence from before a loss of Redis writes carries a higher epoch than the grant.
+    A repair re-grants the shard under a fresh token, above every token the group
+    issued, so the rewrite is accepted by the monotonic fence script, and the member's
+    readers (and its handlers' ``ctx.fencing_token``) move up, never down. A repair is
+    a grant: it waits while grants are held (the reconciled step then took no token,
+    and the member keeps reporting the shard).
     """
     assigned = dict(after.assigned)
-    for shard in fence_failed:
-        if shard in assigned and assigned[shard] < after.epoch:
-            assigned[shard] = after.epoch
-    if assigned != after.assigned:
+    repair = sorted(shard for shard in fence_failed if shard in assigned)
+    if repair:
+        token = edit.peek_token(now_ms)
+        edit.take_token(token)
+        for shard in repair:
+            assigned[shard] = token
         after = replace(after, assigned=assigned)
     fences = tuple(
-        FenceWrite(shard, after.member_id, epoch)
-        for shard, epoch in sorted(assigned.items())
-        if before.assigned.get(shard) != epoch or shard in fence_failed
+        FenceWrite(shard, after.member_id, token)
+        for shard, token in sorted(assigned.items())
+        if before.assigned.get(shard) != token
     )
     return after, fences
 
 
-def _sync_metadata(
-    edit: GroupEdit, member: Member, request: HeartbeatInput, config: CoreConfig
-) -> HeartbeatResult:
-    # Redis lost writes (failover, restore): answer with what Redis recorded and make
-    # sure nothing issued from now on repeats an epoch the member saw before the loss.
-    edit.raise_group_epoch_above(request.member_epoch)
-    return _answer(edit, HeartbeatStatus.SYNC_METADATA, member, (), config)
+def _stale(edit: GroupEdit, member_id: str, config: CoreConfig) -> HeartbeatResult:
+    """The answer to a stale request: the record as it stands, nothing acted on."""
+    member = edit.member(member_id)
+    if member is None or member.state is MemberState.EXPIRED:
+        return _refusal(edit, HeartbeatStatus.UNKNOWN_MEMBER, config)
+    if member.state is MemberState.FENCED:
+        return _refusal(edit, HeartbeatStatus.FENCED, config)
+    return replace(_answer(edit, HeartbeatStatus.OK, member, (), config), stale=True)
 
 
 def _refusal(edit: GroupEdit, status: HeartbeatStatus, config: CoreConfig) -> HeartbeatResult:

@@ -1,9 +1,13 @@
 """Changing a stream's shard count: the pure decisions of a migration (PROTOCOL §6).
 
-**Scale-out N → M** creates shards ``N…M-1`` under a fresh incarnation (the shell
-creates their keys and every registered group's consumer group *before* committing),
-publishes routing with ``M`` shards, and is done; the new layout makes every
-subscribed group re-assign.
+**Scale-out N → M** records shards ``N…M-1`` under a fresh incarnation as
+``PROVISIONING`` (neither routable nor assignable); once that layout is committed and
+on the replicas, the shell creates their keys with every registered group's consumer
+group, then :func:`activate` makes them ``ACTIVE``: routing is published with ``M``
+shards and the new layout makes every subscribed group re-assign. In that order, no
+publish can land on a shard key the committed layout does not know, whatever a
+failover loses: a lost ``ACTIVE`` commit leaves the shards ``PROVISIONING``, and any
+replica finishes the scale-out (their keys exist or are created again).
 
 **Scale-in N → M** (M may be 0) marks shards ``M…N-1`` ``DRAINING``: no longer
 routable, still assignable, so their owners keep reading them. Routing is published
@@ -37,6 +41,7 @@ from streamworks.coordinator.core.streams import ShardRecord, ShardState, Stream
 
 __all__ = (
     "MigrationPhase",
+    "activate",
     "due_for_drain_check",
     "migration_phase",
     "retire_shards",
@@ -60,6 +65,8 @@ def scale(meta: StreamMeta, target: int, now_ms: int, routing_lease_ms: int) -> 
     """
     if target < 0:
         raise ValueError("a stream cannot have a negative number of shards")
+    if meta.provisioning():
+        raise ValueError(f"stream {meta.name!r}: a scale-out is still being provisioned")
     active = meta.routable()
     current = len(active)
     if target == current:
@@ -70,7 +77,7 @@ def scale(meta: StreamMeta, target: int, now_ms: int, routing_lease_ms: int) -> 
     draining: list[str] = []
     if target > current:
         for index in range(current, target):
-            record = ShardRecord(index, incarnation, ShardState.ACTIVE)
+            record = ShardRecord(index, incarnation, ShardState.PROVISIONING)
             records.append(record)
             created.append(record.shard_id(meta.name))
         incarnation += 1
@@ -99,11 +106,36 @@ def scale(meta: StreamMeta, target: int, now_ms: int, routing_lease_ms: int) -> 
     updated = meta.with_shards(
         records,
         next_incarnation=incarnation,
-        routing_version=meta.routing_version + 1,
-        layout_version=meta.layout_version + (1 if created else 0),
+        # A scale-out changes routing (and the layout) only when it activates.
+        routing_version=meta.routing_version + (0 if created else 1),
         migration=migration,
     )
     return _settle(updated)
+
+
+def activate(meta: StreamMeta) -> StreamMeta:
+    """Make the PROVISIONING shards ACTIVE (their keys exist now): routing and the
+    layout change. No-op when none is provisioning.
+
+    Raises:
+        ValueError: a PROVISIONING shard sits at an index an ACTIVE shard holds (the
+            metadata is inconsistent: never repaired by guessing).
+    """
+    provisioning = meta.provisioning()
+    if not provisioning:
+        return meta
+    active = {s.index for s in meta.routable()}
+    if any(s.index in active for s in provisioning):
+        raise ValueError(f"stream {meta.name!r}: a provisioning shard's index is active")
+    records = [
+        replace(s, state=ShardState.ACTIVE) if s.state is ShardState.PROVISIONING else s
+        for s in meta.shards
+    ]
+    return meta.with_shards(
+        records,
+        routing_version=meta.routing_version + 1,
+        layout_version=meta.layout_version + 1,
+    )
 
 
 def migration_phase(meta: StreamMeta, now_ms: int) -> MigrationPhase:

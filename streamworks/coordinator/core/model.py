@@ -102,9 +102,10 @@ class Member:
             member whose response was lost can catch up.
         state: see :class:`MemberState`.
         subscriptions: stream names the member consumes.
-        assigned: shard id -> grant epoch (the member epoch at which the shard was
-            granted and its owner fence written). Keeping a shard across rebalances
-            keeps its grant epoch, so its fence needs no rewrite.
+        assigned: shard id -> fence token of its grant (``tokens.py``: above every token
+            the group issued before, and above Redis time at the grant, so it never
+            repeats one issued before a loss of writes). Keeping a shard across
+            rebalances keeps its token, so its fence needs no rewrite.
         pending_revocation: shards the member must stop reading (DRAIN) before anyone
             else may receive them.
         target: this member's part of the group's target assignment.
@@ -292,6 +293,7 @@ class Group:
         topology_version: stream -> layout version the current target was computed from.
         last_assignment_ms: when the current target was computed.
         members: member id -> record, including FENCED and EXPIRED tombstones.
+        last_token: the highest fence token the group issued (``tokens.py``).
     """
 
     group_id: str
@@ -301,6 +303,7 @@ class Group:
     topology_version: Mapping[str, int] = field(default_factory=_empty_map)
     last_assignment_ms: int = 0
     members: Mapping[str, Member] = field(default_factory=lambda: MappingProxyType({}))
+    last_token: int = 0
     # Derived from ``members`` on first use (the group is immutable, so they never go
     # stale): a heartbeat on a large group must not rebuild them every time. A group
     # built by ``GroupEdit`` gets them patched from its original's (O(what changed)).
@@ -317,8 +320,8 @@ class Group:
     def __post_init__(self) -> None:
         object.__setattr__(self, "topology_version", _frozen_map(self.topology_version))
         object.__setattr__(self, "members", _frozen_map(self.members))
-        if self.group_epoch < 0 or self.target_epoch < 0 or self.metadata_version < 0:
-            raise ValueError(f"group {self.group_id}: epochs and versions must be >= 0")
+        if min(self.group_epoch, self.target_epoch, self.metadata_version, self.last_token) < 0:
+            raise ValueError(f"group {self.group_id}: epochs, versions and tokens must be >= 0")
         if self.target_epoch > self.group_epoch:
             raise ValueError(f"group {self.group_id}: target epoch above group epoch")
         for member_id, member in self.members.items():
@@ -381,6 +384,7 @@ class Group:
         metadata_version: int,
         topology_version: Mapping[str, int],
         last_assignment_ms: int,
+        last_token: int,
     ) -> Group:
         """A group derived from ``original`` by replacing the records in ``touched``.
 
@@ -391,8 +395,8 @@ class Group:
         re-checked here, and the derived maps are patched from ``original``'s in
         O(touched) instead of being rebuilt in O(members + shards).
         """
-        if group_epoch < 0 or target_epoch < 0 or metadata_version < 0:
-            raise ValueError(f"group {original.group_id}: epochs and versions must be >= 0")
+        if min(group_epoch, target_epoch, metadata_version, last_token) < 0:
+            raise ValueError(f"group {original.group_id}: epochs, versions and tokens must be >= 0")
         if target_epoch > group_epoch:
             raise ValueError(f"group {original.group_id}: target epoch above group epoch")
         group = object.__new__(cls)
@@ -403,6 +407,7 @@ class Group:
         setattr_(group, "metadata_version", metadata_version)
         setattr_(group, "topology_version", _frozen_map(topology_version))
         setattr_(group, "last_assignment_ms", last_assignment_ms)
+        setattr_(group, "last_token", last_token)
         shared = members is original.members
         setattr_(group, "members", members if shared else MappingProxyType(members))
         setattr_(group, "_deadline", None)
@@ -471,6 +476,7 @@ class Group:
                 s: self.topology_version[s] for s in sorted(self.topology_version)
             },
             "last_assignment_ms": self.last_assignment_ms,
+            "last_token": self.last_token,
         }
 
     @classmethod
@@ -494,6 +500,9 @@ class Group:
             topology_version=require_int_map(doc, "topology_version"),
             last_assignment_ms=require_int(doc, "last_assignment_ms"),
             members=by_id,
+            # Absent in headers written before fence tokens: the tokens issued then were
+            # grant epochs, none above the group epoch.
+            last_token=require_int(doc, "last_token" if "last_token" in doc else "group_epoch"),
         )
 
 
@@ -579,9 +588,9 @@ class FenceWrite:
     Attributes:
         shard: the shard id.
         member_id: the member the shard is granted to.
-        epoch: the grant epoch; the fence token is ``f"{epoch}:{member_id}"``.
+        token: the grant's fence token; the fence reads ``f"{token}:{member_id}"``.
     """
 
     shard: str
     member_id: str
-    epoch: int
+    token: int

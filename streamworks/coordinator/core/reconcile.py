@@ -17,11 +17,12 @@ shards on a later heartbeat. A shard is granted only when no *other* live member
 holds it, in ``assigned`` or ``pending_revocation``; otherwise it stays in the
 target and is reported as pending.
 
-Newly granted shards get the target epoch as grant epoch. Grant epochs therefore
-strictly increase whenever a shard changes owner: targets are disjoint at any
-target epoch, so a shard reaches a new owner's target only in a later target than
-any in which the previous owner received it. The owner-fence script relies on it
-(it refuses a different member at an equal epoch).
+Newly granted shards get the step's fence token (``tokens.py``), which is above
+every token the group issued before: a shard's token strictly increases whenever it
+changes owner, and never repeats one issued before a loss of Redis writes. The
+owner-fence script relies on it (it refuses a token at or below the one it holds).
+While grants are held (a Redis clock step, ``clock_steps.py``) nothing new is granted:
+the shards stay in the target, pending, and the member UNRELEASED.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def reconcile_member(
     owned: frozenset[str] | None,
     holders: Mapping[str, str],
     now_ms: int,
+    grant_token: int | None,
 ) -> Member:
     """Advance ``member`` towards ``target`` as far as the protocol allows now.
 
@@ -53,6 +55,8 @@ def reconcile_member(
         holders: shard -> live member holding it (``Group.holders()``); shards held
             by the member itself do not block it.
         now_ms: the current time, used to arm the revocation deadline.
+        grant_token: the fence token of shards granted in this step; None grants
+            nothing (they stay pending).
 
     Returns:
         The new record; ``member`` itself when nothing changes.
@@ -71,7 +75,7 @@ def reconcile_member(
         revoke_epoch = member.epoch + 1
     else:
         revoke_epoch = member.epoch
-    return _next(member, revoke_epoch, target_epoch, target, owned, holders, now_ms)
+    return _next(member, revoke_epoch, target_epoch, target, owned, holders, now_ms, grant_token)
 
 
 def _next(
@@ -82,6 +86,7 @@ def _next(
     owned: frozenset[str] | None,
     holders: Mapping[str, str],
     now_ms: int,
+    grant_token: int | None,
 ) -> Member:
     keep = {shard: epoch for shard, epoch in member.assigned.items() if shard in target}
     revoke = frozenset(shard for shard in member.assigned if shard not in target)
@@ -101,8 +106,8 @@ def _next(
     for shard in target:
         if shard in keep:
             continue
-        if holders.get(shard, member.member_id) == member.member_id:
-            assigned[shard] = target_epoch
+        if grant_token is not None and holders.get(shard, member.member_id) == member.member_id:
+            assigned[shard] = grant_token
         else:
             unreleased = True
     return _result(

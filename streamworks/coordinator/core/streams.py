@@ -1,6 +1,9 @@
 """Stream metadata: shard layout, routing and the topology groups are assigned from.
 
-A stream's shards are records ``(index, incarnation, state)``. ``ACTIVE`` shards are
+A stream's shards are records ``(index, incarnation, state)``. ``PROVISIONING`` shards
+are being created by a scale-out: recorded (and replicated) before their keys exist,
+neither routable nor assignable until the scale-out commits them ``ACTIVE``, so no
+publish can land on a key the committed layout does not know. ``ACTIVE`` shards are
 routable (producers write to them) and assignable; ``DRAINING`` shards are no longer
 routable but still assignable, so some member reads them to the end; ``RETIRED``
 shards no longer exist in Redis. Incarnations only grow, so an index re-created
@@ -35,6 +38,7 @@ ROUTING_PROTOCOL = "jump-xxh64-v1"
 
 
 class ShardState(StrEnum):
+    PROVISIONING = "PROVISIONING"
     ACTIVE = "ACTIVE"
     DRAINING = "DRAINING"
     RETIRED = "RETIRED"
@@ -83,9 +87,13 @@ class StreamMeta:
     def assignable(self) -> list[ShardRecord]:
         """ACTIVE and DRAINING shards: what groups are assigned."""
         return sorted(
-            (s for s in self.shards if s.state is not ShardState.RETIRED),
+            (s for s in self.shards if s.state in (ShardState.ACTIVE, ShardState.DRAINING)),
             key=lambda s: (s.index, s.incarnation),
         )
+
+    def provisioning(self) -> list[ShardRecord]:
+        """Shards a scale-out recorded whose keys may not exist yet."""
+        return [s for s in self.shards if s.state is ShardState.PROVISIONING]
 
     @property
     def shard_count(self) -> int:

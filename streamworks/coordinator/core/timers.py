@@ -20,7 +20,7 @@ __all__ = (
     "expire_members",
     "fence_overdue_revocations",
     "next_deadline_ms",
-    "raise_epoch_floor",
+    "raise_token_floor",
     "release_quarantines",
     "remove_stale_members",
 )
@@ -138,18 +138,17 @@ def compute_target_if_due(
     return edit.timer_result()
 
 
-def raise_epoch_floor(group: Group, epoch: int) -> TimerResult:
-    """Make the group epoch exceed an epoch found in Redis that the metadata cannot explain.
+def raise_token_floor(group: Group, token: int) -> TimerResult:
+    """Make every fence token issued from now on exceed ``token``, a token found in an
+    owner fence in Redis that the metadata does not know it issued.
 
-    When the owner-fence script refuses a grant because the shard's fence carries an
-    epoch at or above the grant's, that fence was written from metadata Redis has
-    since lost (failover, restore). Raising the group epoch above it makes the next
-    target, and so the members' epochs and the fence repairs that follow, newer than
-    anything issued before the loss (E19, E20). The fence is Redis state, not a
-    member report. No-op when the group epoch is already above ``epoch``.
+    Such a fence was written from metadata Redis has since lost (failover, restore):
+    the next grants, and the fence repairs that follow, must be newer than anything
+    issued before the loss (E19, E20). The fence is Redis state, not a member report.
+    No-op when the floor is already at or above ``token``.
     """
     edit = GroupEdit(group)
-    edit.raise_group_epoch_above(epoch)
+    edit.raise_token_floor(token)
     return edit.timer_result()
 
 

@@ -13,6 +13,12 @@
 -- the group is recorded in the registry (so a later loss of its metadata is detected,
 -- E21) and member leases are set or removed (expiry = now + TTL).
 --
+-- A commit also records, per member whose heartbeat it acts on, the request's sequence
+-- number in the group's sequence hash, refusing (-3) when that member's stored number is
+-- already as high: a newer request of the member was acted on since the caller loaded
+-- (the no-change road, lease_renew.lua, records it without a commit), so the caller's
+-- request is stale. Members whose record is deleted lose their entry.
+--
 -- Every commit also prepends an entry to the group's changelog (a list, newest first,
 -- trimmed to ARGV's last value): {r = new "<rev>:<cid>", p = the revision it replaced,
 -- h = 1 if the header was written, u = member ids written, d = member ids deleted}, so
@@ -22,6 +28,7 @@
 -- KEYS[1]  group metadata hash          KEYS[2]  registry of groups (set)
 -- KEYS[3]  member leases (sorted set: member -> expiry ms)
 -- KEYS[4]  the group's changelog (list of JSON entries, newest first)
+-- KEYS[5]  the group's sequence hash (member id -> newest sequence acted on)
 -- ARGV[1]  expected rev                 ARGV[2]  expected cid ('0': none)
 -- ARGV[3]  new cid                      ARGV[4]  group name
 -- ARGV[5]  header JSON ('' = unchanged) ARGV[6]  lease TTL ms
@@ -32,11 +39,13 @@
 -- then     z lease removals (members no longer live), then z member ids
 -- then     e expected-expired members: the commit is refused if any of them renewed
 --          its lease in the meantime (score in the future)
+-- then     q sequence updates, then q pairs (member id, sequence number)
 -- then     the changelog's length (entries kept; 0: keep no changelog)
 --
 -- Returns  {1, new_rev, now_ms}   committed (with the caller's new cid)
 --          {0, current_rev}       conflict: someone else committed first
 --          {-2, member}           a member expected expired holds a live lease
+--          {-3, member}           a newer request of the member was acted on: stale
 local stored = redis.call('HMGET', KEYS[1], 'rev', 'cid')
 local cur = tonumber(stored[1] or '0')
 if cur ~= tonumber(ARGV[1]) or (stored[2] or '0') ~= ARGV[2] then return {0, cur} end
@@ -64,6 +73,15 @@ for _ = 1, e do
   if score and tonumber(score) > now then return {-2, ARGV[i]} end
   i = i + 1
 end
+local q = tonumber(ARGV[i]); i = i + 1
+local sequences = {}
+for _ = 1, q do
+  local stored = tonumber(redis.call('HGET', KEYS[5], ARGV[i]) or '0')
+  if stored >= tonumber(ARGV[i + 1]) then return {-3, ARGV[i]} end
+  sequences[#sequences + 1] = ARGV[i]
+  sequences[#sequences + 1] = ARGV[i + 1]
+  i = i + 2
+end
 -- One command per 1,000 values: Lua's unpack refuses more than ~8,000, and a commit
 -- of a large group (a mass expiry, a wide reassignment) writes more records than that.
 local function each_chunk(command, key, values)
@@ -79,8 +97,12 @@ each_chunk('HDEL', KEYS[1], deletes)
 redis.call('SADD', KEYS[2], ARGV[4])
 local ttl = tonumber(ARGV[6])
 for _, member in ipairs(renew) do redis.call('ZADD', KEYS[3], now + ttl, member) end
-for j = 1, m do redis.call('ZREM', KEYS[3], string.sub(deletes[j], 3)) end
+for j = 1, m do
+  redis.call('ZREM', KEYS[3], string.sub(deletes[j], 3))
+  redis.call('HDEL', KEYS[5], string.sub(deletes[j], 3))
+end
 each_chunk('ZREM', KEYS[3], unlease)
+each_chunk('HSET', KEYS[5], sequences)
 local keep = tonumber(ARGV[i] or '0')
 if keep > 0 then
   local written = {}

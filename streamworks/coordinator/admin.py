@@ -27,6 +27,9 @@ __all__ = ("OperatorActions",)
 
 log = logging.getLogger("streamworks.coordinator")
 
+#: Shards an unsubscribe removes the group from per step (one round trip per node).
+UNSUBSCRIBE_BATCH = 500
+
 
 class OperatorActions:
     """The operator's actions on one replica; each answers the status afterwards."""
@@ -59,9 +62,13 @@ class OperatorActions:
         replica, runs meanwhile) and inside it the stream's (no scale-out, creation or
         retirement of the stream runs meanwhile: a scale-out cannot create the group on
         new shards behind the unsubscribe's back, leaving an orphan consumer group
-        that would block trimming and retirement for good)."""
+        that would block trimming and retirement for good). Both mutexes are held for
+        as long as it runs, however many shards (renewed, and checked before each
+        batch of shards: ``discipline.py``); one lost stops it with a retryable
+        ``CONFLICT`` before its next step, the group still subscribed."""
         group_id, stream = request.group, request.stream
-        async with self.discipline.critical(self.keyspace.group_mutex(group_id)):
+        group_mutex = self.keyspace.group_mutex(group_id)
+        async with self.discipline.critical(group_mutex, renew=True) as group_held:
             loaded = await self.store.load_group(group_id)
             if loaded.group is not None:
                 users = [
@@ -76,7 +83,8 @@ class OperatorActions:
                         f"{stream!r}; stop them (or remove the handler) first",
                         status=409,
                     )
-            async with self.discipline.critical(self.keyspace.stream_mutex(stream)):
+            stream_mutex = self.keyspace.stream_mutex(stream)
+            async with self.discipline.critical(stream_mutex, renew=True) as stream_held:
                 if group_id not in await self.store.subscribed_groups(stream):
                     raise CoordinatorError(
                         "NOT_FOUND",
@@ -89,10 +97,17 @@ class OperatorActions:
                     if meta is None
                     else [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
                 )
-                for shard in shards:
+                for start in range(0, len(shards), UNSUBSCRIBE_BATCH):
+                    await group_held.verify()
+                    await stream_held.verify()
                     await provision.destroy_group(
-                        self.store.scripts, self.keyspace, shard, group_id
+                        self.store.scripts,
+                        self.keyspace,
+                        shards[start : start + UNSUBSCRIBE_BATCH],
+                        group_id,
                     )
+                await group_held.verify()
+                await stream_held.verify()
                 await self.store.remove_subscription(stream, group_id)
                 self.subscriptions.forget(stream, group_id)
             log.warning("operator unsubscribed group %s from stream %s", group_id, stream)
@@ -134,7 +149,7 @@ class OperatorActions:
         return await self.report.status(positions=False)
 
     async def _reinitialize_stream(self, name: str, shards: int) -> None:
-        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
+        async with self.discipline.critical(self.keyspace.stream_mutex(name), renew=True) as held:
             rev = await self.store.stream_revs([name])
             if rev[name]:
                 raise CoordinatorError(
@@ -152,7 +167,9 @@ class OperatorActions:
             )
             groups = sorted(await self.store.subscribed_groups(name))
             ids = [ShardId.parse(s) for s in meta.shard_ids(meta.routable())]
+            held.check()
             await provision.create_shards(self.store.scripts, self.keyspace, ids, groups)
+            held.check()
             if await self.store.commit_stream(0, meta) is None:
                 raise Conflict(f"stream {name!r} was written concurrently; retry")
             log.warning(

@@ -30,6 +30,7 @@ __all__ = (
     "create_shards",
     "destroy_group",
     "drain_check",
+    "drain_checks",
     "record_shard_groups",
     "write_fence",
 )
@@ -99,23 +100,31 @@ async def create_group(
     return [shard for shard, reply in zip(shards, replies, strict=True) if int(reply) == -2]
 
 
-async def destroy_group(scripts: Scripts, keyspace: Keyspace, shard: ShardId, group: str) -> bool:
-    """Unsubscribe ``group`` from one shard in one script: destroy its consumer group,
-    take it off the shard's group set, delete its owner fence, retry records and
-    redelivery stream (replayed dead letters it will not read now).
-    Returns whether a consumer group was destroyed."""
-    reply = await scripts.group_destroy(
-        keys=[
-            keyspace.stream(shard),
-            keyspace.shard_groups(shard),
-            keyspace.fence(shard, group),
-            keyspace.retries(shard, group),
-            keyspace.redelivery(shard, group),
-            keyspace.redelivery_retries(shard, group),
+async def destroy_group(
+    scripts: Scripts, keyspace: Keyspace, shards: Iterable[ShardId], group: str
+) -> int:
+    """Unsubscribe ``group`` from each shard, one script per shard (pipelined, one round
+    trip per 1,000 shards): destroy its consumer group, take it off the shard's group
+    set, delete its owner fence, retry records and redelivery stream (replayed dead
+    letters it will not read now). Returns how many consumer groups were destroyed."""
+    replies = await scripts.call_many(
+        "group_destroy",
+        [
+            (
+                [
+                    keyspace.stream(shard),
+                    keyspace.shard_groups(shard),
+                    keyspace.fence(shard, group),
+                    keyspace.retries(shard, group),
+                    keyspace.redelivery(shard, group),
+                    keyspace.redelivery_retries(shard, group),
+                ],
+                [group],
+            )
+            for shard in shards
         ],
-        args=[group],
     )
-    return int(reply) == 1
+    return sum(1 for reply in replies if int(reply) == 1)
 
 
 class DrainStatus(Enum):
@@ -135,6 +144,30 @@ class DrainCheck:
     reason: str = ""
 
 
+def _retire_call(
+    keyspace: Keyspace, shard: ShardId, groups: Sequence[str], mode: str
+) -> tuple[list[Any], list[Any]]:
+    keys: list[Any] = [keyspace.stream(shard), keyspace.shard_groups(shard)]
+    keys += [keyspace.redelivery(shard, group) for group in groups]
+    for group in groups:
+        keys += [
+            keyspace.fence(shard, group),
+            keyspace.retries(shard, group),
+            keyspace.redelivery_retries(shard, group),
+        ]
+    return keys, [mode, len(groups), *groups]
+
+
+def _drain_status(reply: Any) -> DrainCheck:
+    code = int(reply[0])
+    if code == 1:
+        return DrainCheck(DrainStatus.DRAINED)
+    if code == 2:
+        return DrainCheck(DrainStatus.GONE)
+    reason = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+    return DrainCheck(DrainStatus.REPAIRED if code == 3 else DrainStatus.BLOCKED, reason)
+
+
 async def drain_check(
     scripts: Scripts,
     keyspace: Keyspace,
@@ -152,22 +185,24 @@ async def drain_check(
             a later check retires it); ``repair`` only repairs (for a shard that
             stays, e.g. ACTIVE); ``check`` writes nothing.
     """
-    keys: list[Any] = [keyspace.stream(shard), keyspace.shard_groups(shard)]
-    keys += [keyspace.redelivery(shard, group) for group in groups]
-    for group in groups:
-        keys += [
-            keyspace.fence(shard, group),
-            keyspace.retries(shard, group),
-            keyspace.redelivery_retries(shard, group),
-        ]
-    reply = await scripts.retire(keys=keys, args=[mode, len(groups), *groups])
-    code = int(reply[0])
-    if code == 1:
-        return DrainCheck(DrainStatus.DRAINED)
-    if code == 2:
-        return DrainCheck(DrainStatus.GONE)
-    reason = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-    return DrainCheck(DrainStatus.REPAIRED if code == 3 else DrainStatus.BLOCKED, reason)
+    [check] = await drain_checks(scripts, keyspace, [shard], groups, mode=mode)
+    return check
+
+
+async def drain_checks(
+    scripts: Scripts,
+    keyspace: Keyspace,
+    shards: Sequence[ShardId],
+    groups: Sequence[str],
+    *,
+    mode: Literal["check", "retire", "repair"] = "retire",
+) -> list[DrainCheck]:
+    """:func:`drain_check` of each of ``shards``, one script per shard, pipelined (one
+    round trip per node for up to 1,000 shards, not one per shard); in order."""
+    replies = await scripts.call_many(
+        "retire", [_retire_call(keyspace, shard, groups, mode) for shard in shards]
+    )
+    return [_drain_status(reply) for reply in replies]
 
 
 async def write_fence(

@@ -35,7 +35,7 @@ from streamworks.coordinator.core.migrations import (
     scale,
 )
 from streamworks.coordinator.core.streams import StreamMeta
-from streamworks.coordinator.discipline import WriteDiscipline
+from streamworks.coordinator.discipline import Exclusion, WriteDiscipline
 from streamworks.coordinator.lag_repair import ActiveLagRepair
 from streamworks.coordinator.metrics import CoordinatorMetrics
 from streamworks.coordinator.replication import NotReplicated
@@ -52,6 +52,10 @@ log = logging.getLogger("streamworks.coordinator.resharding")
 #: Added to the routing lease when computing the routing fence: producers count their
 #: lease from when they asked, on their own clock; this covers clock-rate skew.
 FENCE_MARGIN_MS = 1_000
+
+#: Removed shards checked (and retired) per step of a drain check: one round trip per
+#: node; the stream's mutex is confirmed before each.
+RETIRE_BATCH = 500
 
 
 class Resharder:
@@ -83,9 +87,10 @@ class Resharder:
         """Change ``name`` to ``shards`` routable shards (see the module docstring)."""
         settings = self.settings
         lease_ms = int(settings.routing_lease * 1000) + FENCE_MARGIN_MS
-        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
+        mutex = self.keyspace.stream_mutex(name)
+        async with self.discipline.critical(mutex, renew=True) as held:
             # A scale-out a failover (or a dead replica) left half done comes first.
-            await self._finish_provisioning(name)
+            await self._finish_provisioning(name, held)
             for _ in range(settings.coordinator.cas_retries):
                 rev, meta = await self.store.load_stream(name)
                 if meta is None:
@@ -101,12 +106,13 @@ class Resharder:
                 # nor assignable; on the replicas before any key exists), then creates
                 # their keys, then makes them ACTIVE: no acknowledged publish can land on
                 # a key the committed layout does not know (PROTOCOL §6).
+                held.check()
                 new_rev = await self.store.commit_stream(rev, updated)
                 if new_rev is None:
                     continue
                 created = [s.shard_id(name) for s in updated.provisioning()]
                 if created:
-                    updated = await self._provision(name, new_rev, updated)
+                    updated = await self._provision(name, new_rev, updated, held)
                 log.info(
                     "stream %s: %d -> %d shards (routing v%d)%s",
                     name,
@@ -118,13 +124,16 @@ class Resharder:
                 return updated
         raise Conflict(f"stream {name!r}: lost the compare-and-set repeatedly; retry")
 
-    async def _provision(self, name: str, rev: int, meta: StreamMeta) -> StreamMeta:
+    async def _provision(
+        self, name: str, rev: int, meta: StreamMeta, held: Exclusion
+    ) -> StreamMeta:
         """Create the keys of ``meta``'s PROVISIONING shards (committed at ``rev``, and
         replicated) and commit them ACTIVE; then confirm their group sets. In the
         stream's critical section.
 
         Raises:
             Conflict: another writer committed the stream meanwhile (its mutex expired).
+            MutexLost: the stream's mutex was lost before a step (a Conflict too).
             NotReplicated: a key or the commit was not acknowledged by the replicas in
                 time: the shards stay PROVISIONING, a later scale or tick finishes.
         """
@@ -133,8 +142,10 @@ class Resharder:
         # Provisional: a group subscribing right now may be missing from `groups`;
         # nothing is trimmed on these shards until the list is confirmed below, from a
         # registry read after the commit.
+        await held.verify()
         await self.store.create_shard_keys(shards, groups, provisional=True)
         active = activate(meta)
+        held.check()
         if await self.store.commit_stream(rev, active) is None:
             raise Conflict(f"stream {name!r} changed while its new shards were created; retry")
         # A group registered from now on loads this layout and creates its consumer
@@ -143,7 +154,7 @@ class Resharder:
         await provision.record_shard_groups(self.store.scripts, self.keyspace, shards, after)
         return active
 
-    async def _finish_provisioning(self, name: str) -> None:
+    async def _finish_provisioning(self, name: str, held: Exclusion) -> None:
         """Finish a scale-out left with PROVISIONING shards (its replica died, a failover
         lost its last commit, or the replicas did not acknowledge a step in time). In
         the stream's critical section. The layout is committed once more, so that it is
@@ -159,7 +170,7 @@ class Resharder:
             name,
             ", ".join(meta.shard_ids(meta.provisioning())),
         )
-        await self._provision(name, new_rev, meta)
+        await self._provision(name, new_rev, meta, held)
 
     async def tick(self, revs: Mapping[str, int] | None = None, now_ms: int | None = None) -> None:
         """Advance every stream's migration that is due. Each stream on its own: one
@@ -186,8 +197,9 @@ class Resharder:
                 if meta is None:
                     continue
                 if meta.provisioning():
-                    async with self.discipline.critical(self.keyspace.stream_mutex(name)):
-                        await self._finish_provisioning(name)
+                    mutex = self.keyspace.stream_mutex(name)
+                    async with self.discipline.critical(mutex, renew=True) as held:
+                        await self._finish_provisioning(name, held)
                     continue
                 if (name, rev) not in self._sealed:
                     await self._seal(name)
@@ -206,19 +218,20 @@ class Resharder:
         refused) by a creation or a scale-out whose replica died between its commit and
         its own confirmation. In the stream's critical section, so no unsubscribe runs
         between the registry read and the write (it would list a destroyed group)."""
-        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
+        async with self.discipline.critical(self.keyspace.stream_mutex(name), renew=True) as held:
             rev, meta = await self.store.load_stream(name)
             if meta is None:
                 return
             groups = sorted(await self.store.subscribed_groups(name))
             shards = [ShardId.parse(s) for s in meta.shard_ids(meta.assignable())]
+            held.check()
             await provision.record_shard_groups(self.store.scripts, self.keyspace, shards, groups)
             if len(self._sealed) > 4096:
                 self._sealed.clear()
             self._sealed.add((name, rev))
 
     async def _check_and_retire(self, name: str) -> None:
-        async with self.discipline.critical(self.keyspace.stream_mutex(name)):
+        async with self.discipline.critical(self.keyspace.stream_mutex(name), renew=True) as held:
             rev, meta = await self.store.load_stream(name)
             if meta is None:
                 return
@@ -228,11 +241,15 @@ class Resharder:
                 return
             groups = sorted(await self.store.subscribed_groups(name))
             retired: list[str] = []
-            for record in due:
-                shard_id = record.shard_id(name)
-                check = await provision.drain_check(
-                    self.store.scripts, self.keyspace, ShardId.parse(shard_id), groups
+            checks: list[provision.DrainCheck] = []
+            ids = [record.shard_id(name) for record in due]
+            for start in range(0, len(ids), RETIRE_BATCH):
+                held.check()  # the registry read above still holds: no unsubscribe ran
+                batch = [ShardId.parse(s) for s in ids[start : start + RETIRE_BATCH]]
+                checks += await provision.drain_checks(
+                    self.store.scripts, self.keyspace, batch, groups
                 )
+            for shard_id, check in zip(ids, checks, strict=True):
                 if check.status in (provision.DrainStatus.DRAINED, provision.DrainStatus.GONE):
                     retired.append(shard_id)
                     self.blockers.pop(shard_id, None)
@@ -248,6 +265,7 @@ class Resharder:
             if not retired:
                 return
             updated = retire_shards(meta, retired, now)
+            held.check()
             if await self.store.commit_stream(rev, updated) is None:
                 # Someone else committed first; the keys are gone either way and the
                 # next tick (here or on another replica) records them (script returns 2).

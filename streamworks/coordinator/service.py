@@ -28,7 +28,7 @@ from streamworks.clock import Clock
 from streamworks.coordinator.admin import OperatorActions
 from streamworks.coordinator.core import CoreConfig
 from streamworks.coordinator.core.clock_steps import ClockStepDetector
-from streamworks.coordinator.discipline import WriteDiscipline
+from streamworks.coordinator.discipline import Exclusion, WriteDiscipline
 from streamworks.coordinator.heartbeats import HeartbeatHandler, short_road_budget
 from streamworks.coordinator.identity import NamespaceIdentity
 from streamworks.coordinator.loop import EventLoop
@@ -172,7 +172,7 @@ class CoordinatorService:
         """Whether this replica refuses new critical sections (E4)."""
         return self.discipline.terminating
 
-    def critical(self, mutex_key: str) -> contextlib.AbstractAsyncContextManager[None]:
+    def critical(self, mutex_key: str) -> contextlib.AbstractAsyncContextManager[Exclusion]:
         """A critical section on ``mutex_key`` (:meth:`WriteDiscipline.critical`)."""
         return self.discipline.critical(mutex_key)
 

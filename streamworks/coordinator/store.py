@@ -68,6 +68,7 @@ from streamworks.redis.scripts import ScriptCall, Scripts
 __all__ = (
     "Conflict",
     "MetadataUnavailable",
+    "MutexHold",
     "MutexTimeout",
     "Store",
     "Survey",
@@ -115,6 +116,17 @@ class Terminating(CoordinatorError):
             retryable=True,
             status=503,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class MutexHold:
+    """A mutex :meth:`Store.mutex` took: ``key`` holds ``token`` until at least
+    ``sent + ttl`` (``time.monotonic()``; ``sent``: when the winning ``SET`` left)."""
+
+    key: str
+    token: str
+    ttl: float
+    sent: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,8 +251,10 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
             pipe.time()
 
     @contextlib.asynccontextmanager
-    async def mutex(self, key: str) -> AsyncIterator[None]:
-        """Hold ``key`` (``SET NX PX``) for the block; bounded wait with backoff.
+    async def mutex(self, key: str) -> AsyncIterator[MutexHold]:
+        """Hold ``key`` (``SET NX PX``) for the block; bounded wait with backoff. Yields
+        the hold (its token, and when the winning ``SET`` was sent), for a caller that
+        extends it (``discipline.py``).
 
         Raises:
             MutexTimeout: still taken after ``mutex_wait`` seconds.
@@ -248,6 +262,7 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
         token = secrets.token_hex(8)
         deadline = time.monotonic() + self._mutex_wait
         delay = 0.001
+        sent = time.monotonic()
         while not await self.redis.set(key, token, nx=True, px=self._mutex_ms):
             if self.on_contended is not None:
                 self.on_contended(key)
@@ -255,8 +270,9 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
                 raise MutexTimeout(f"{key} stayed locked for {self._mutex_wait}s")
             await anyio.sleep(delay)  # backoff against a lock held in another process
             delay = min(delay * 2, 0.05)
+            sent = time.monotonic()
         try:
-            yield
+            yield MutexHold(key, token, self._mutex_ms / 1000, sent)
         finally:
             with anyio.CancelScope(shield=True):
                 released = await self.scripts.mutex_release(keys=[key], args=[token])

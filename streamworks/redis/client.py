@@ -168,7 +168,7 @@ def _probe(url: str, timeout: float, *, quiet_unreachable: bool) -> bool:
     if url.startswith("unix:"):
         return False  # cluster nodes are TCP only
     probe = sync_redis.Redis.from_url(
-        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=None
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=None, driver_info=None
     )
     try:
         probe.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
@@ -211,6 +211,10 @@ def create_redis(settings: Settings, *, max_connections: int = 1024) -> Any:
         "decode_responses": False,
         "retry": Retry(NoBackoff(), 0),
         "health_check_interval": 30,
+        # No CLIENT SETINFO on connect: it does not exist before Redis 7.2, and the
+        # least-privilege role users (redis/acl.py) are not granted it, so every new
+        # connection would add a refusal to the server's ACL LOG.
+        "driver_info": None,
     }
     urls = seed_urls(settings.redis_url)
     cluster = settings.redis_cluster

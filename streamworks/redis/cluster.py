@@ -89,6 +89,7 @@ class _Pending:
     node: ClusterNode
     asking: bool = False
     redirects: int = 0
+    waits: int = 0  # TRYAGAIN replies followed
 
 
 @dataclass(slots=True)
@@ -105,11 +106,15 @@ async def run_cluster_batch(
     commands: Sequence[Command],
     *,
     wait: tuple[int, int] | None = None,
+    tryagain: int = MAX_REDIRECTS,
 ) -> tuple[list[Any], list[Any]]:
     """Run ``commands`` on the cluster, one pipelined write per node per round.
 
     Args:
         wait: ``(numreplicas, timeout_ms)``: end each node's write with ``WAIT``.
+        tryagain: ``TRYAGAIN`` replies followed per command (after a pause) before
+            its error is returned: a caller with another way to do the work (the
+            fenced read) asks for few, to learn of a slot migration at once.
 
     Returns:
         ``(replies, waited)``: one reply per command, in order (an error reply as its
@@ -126,11 +131,11 @@ async def run_cluster_batch(
     # ever exhausted.
     permits: asyncio.Semaphore | None = getattr(cluster, "_permits", None)
     if permits is None or _HOLDING.get():
-        return await _run(cluster, commands, wait)
+        return await _run(cluster, commands, wait, tryagain)
     async with permits:
         token = _HOLDING.set(True)
         try:
-            return await _run(cluster, commands, wait)
+            return await _run(cluster, commands, wait, tryagain)
         finally:
             _HOLDING.reset(token)
 
@@ -139,6 +144,7 @@ async def _run(
     cluster: RedisCluster,
     commands: Sequence[Command],
     wait: tuple[int, int] | None,
+    tryagain: int,
 ) -> tuple[list[Any], list[Any]]:
     await _refresh_if_needed(cluster)
     replies: list[Any] = [None] * len(commands)
@@ -159,7 +165,7 @@ async def _run(
         if failed is not None:  # after every node's write ended: the others did run
             raise failed
         again: list[_Pending] = []
-        must_pause = False
+        must_pause = reload = False
         for write in writes.values():
             for item, reply in zip(write.items, write.replies, strict=True):
                 # ASK: ASKING goes first; before a transaction's MULTI it holds until
@@ -172,18 +178,21 @@ async def _run(
                     else:
                         item.node, item.asking = _node_at(cluster, reply.host, reply.port), True
                     again.append(item)
-                elif (
-                    isinstance(reply, TryAgainError | ClusterDownError)
-                    and item.redirects < MAX_REDIRECTS
-                ):
-                    item.redirects += 1
+                elif isinstance(reply, TryAgainError) and item.waits < tryagain:
+                    # Keys split by a slot migration under way: the map is right, wait.
+                    item.waits += 1
                     must_pause = True
+                    again.append(item)
+                elif isinstance(reply, ClusterDownError) and item.redirects < MAX_REDIRECTS:
+                    item.redirects += 1
+                    must_pause = reload = True
                     again.append(item)
                 else:
                     replies[item.index] = reply
                     waited[item.index] = write.waited
         if must_pause:
-            cluster._initialize = True  # a failover may be under way: reload the map
+            if reload:
+                cluster._initialize = True  # a failover may be under way: reload the map
             await anyio.sleep(pause)
             pause = min(pause * 2, _MAX_PAUSE)
             await _refresh_if_needed(cluster)
@@ -227,15 +236,18 @@ async def _send(
                 raw.append(e)
     except BaseException as e:
         # Replies may be left unread on the socket: close the connection (shielded, so
-        # a cancellation cannot leave it half-closed), and reload the slot map before
-        # the next batch (the node may be gone, its replica promoted).
+        # a cancellation cannot leave it half-closed).
         with anyio.CancelScope(shield=True):
             try:
                 await connection.disconnect()
             finally:
                 node.release(connection)
-        cluster._initialize = True
         if isinstance(e, Exception):  # raised by run_cluster_batch, not as a group
+            # Reload the slot map before the next batch (the node may be gone, its
+            # replica promoted). Not after a cancellation (a wait cut short, a worker
+            # stopping): nothing is known about the node then, and redis-py's aclose()
+            # closes nothing while the reload is pending (its connections would leak).
+            cluster._initialize = True
             write.error = e
             return
         raise

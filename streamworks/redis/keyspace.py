@@ -166,13 +166,27 @@ class Keyspace:
             raise ValueError(f"{key!r} is not a dead-letter stream under {self.prefix!r}")
         return group, stream
 
+    def dead_letter_markers(self, group: str, stream: str) -> str:
+        """Markers of the entries ``group`` dead-lettered for ``stream``: a sorted set,
+        ``<source key>|<entry id>`` -> the time (ms) it is kept until. In the dead-letter
+        stream's slot, so writing an entry at most once is one script
+        (``dead_letter.lua``); one key per dead-letter stream, however many dead letters.
+        Its own family (not under ``dlq:``), so a scan for dead-letter streams never
+        meets it."""
+        return f"{self.prefix}:dlq-written:{{{group}:{stream}}}"
+
+    @staticmethod
+    def dead_letter_marker_member(source: str, entry_id: str) -> str:
+        """The member of :meth:`dead_letter_markers` for entry ``entry_id`` of the key
+        ``source`` (a shard stream or a redelivery stream: their ids may repeat)."""
+        return f"{source}|{entry_id}"
+
     def dead_letter_marker(self, group: str, stream: str, source: str, entry_id: str) -> str:
-        """Marker that entry ``entry_id`` of the key ``source`` (the shard stream or a
-        redelivery stream it was read from) has been dead-lettered by ``group`` (it
-        holds the dead-letter entry's id). In the dead-letter stream's slot (the first
-        hash tag decides; ``source``'s own tag comes after it), so writing the entry at
-        most once is one script (``dead_letter.lua``). Its own family (not under
-        ``dlq:``), so a scan for dead-letter streams never meets one."""
+        """The marker of one dead-lettered entry as earlier versions wrote it: a key of
+        its own per entry (7 days each; a poison storm left millions). Only read now
+        (``dead_letter.lua``), so an entry an older worker dead-lettered is not written
+        again after an upgrade; :meth:`dead_letter_markers` replaces it. In the
+        dead-letter stream's slot (the first hash tag decides)."""
         return f"{self.prefix}:dlq-written:{{{group}:{stream}}}:{source}:{entry_id}"
 
     def rate_bucket(self, group: str, stream: str) -> str:
@@ -238,6 +252,11 @@ class Keyspace:
         """Highest epoch ever issued in the namespace (keeps epochs monotonic, E19)."""
         return f"{self.control_tag}:epoch-floor"
 
+    def lag_repair_turn(self, stream: str) -> str:
+        """Whose turn it is to check ``stream``'s ACTIVE shards for a lag a Redis
+        restart broke (``coordinator/lag_repair.py``): one replica per interval."""
+        return f"{self.control_tag}:lag-repair:{stream}"
+
     def namespace(self) -> str:
         """The namespace id, written once by the coordinator and checked by every
         worker and producer in its own Redis (``streamworks.redis.namespace``)."""
@@ -254,6 +273,22 @@ class Keyspace:
     def shard_slot_pattern(self) -> str:
         """Every key in any shard's slot: ``{<prefix>:<shard>}:…``."""
         return f"{{{self.prefix}:*"
+
+    def shard_streams_pattern(self) -> str:
+        """Every shard's stream (:meth:`stream`)."""
+        return f"{{{self.prefix}:*}}:stream"
+
+    def fences_pattern(self) -> str:
+        """Every owner fence of every group on every shard (:meth:`fence`)."""
+        return f"{{{self.prefix}:*}}:fence:*"
+
+    def read_holds_pattern(self) -> str:
+        """Every shard's hold key (:meth:`read_hold`)."""
+        return f"{{{self.prefix}:*}}:hold"
+
+    def retries_pattern(self) -> str:
+        """Every group's retry records on every shard (:meth:`retries`)."""
+        return f"{{{self.prefix}:*}}:retry:*"
 
     def shard_groups_pattern(self) -> str:
         """Every shard's set of groups that must exist on it (:meth:`shard_groups`)."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from redis.exceptions import NoPermissionError
+
 from streamworks.exceptions import NamespaceMismatchError
 from streamworks.redis.client import masked_url
 from streamworks.redis.keyspace import Keyspace
@@ -81,10 +83,19 @@ class NamespaceCheck:
                 f"coordinator {coordinator} sent no namespace id (an older version?): "
                 "cannot prove it serves this process's Redis and key prefix"
             )
-        found = await read_namespace(self.redis, self.keyspace)
+        try:
+            found = await read_namespace(self.redis, self.keyspace)
+        except NoPermissionError:
+            # A least-privilege user (redis/acl.py) made for another key prefix: it may
+            # not even look, which is as good as holding none here.
+            found, denied = None, True
+        else:
+            denied = False
         if found == expected:
             return
         held = "no namespace id" if found is None else f"namespace {found}"
+        if denied:
+            held += " it may read (its Redis user is refused the key: an ACL for another prefix?)"
         # Two causes look alike from here: the wrong Redis (or prefix), or the right
         # one after it lost its data under a running coordinator, which then says so
         # itself (coordinator/identity.py). The advice names both.

@@ -42,6 +42,7 @@ SCRIPT_NAMES = (
     "group_destroy",
     "lease_renew",
     "mutex_release",
+    "mutex_renew",
     "prune_consumers",
     "publish_dedup",
     "rate_take",
@@ -49,6 +50,7 @@ SCRIPT_NAMES = (
     "read_gate",
     "read_ungate",
     "redeliver",
+    "redelivery_done",
     "retire",
     "retry_record",
     "schedule_tick",
@@ -66,7 +68,11 @@ class ReadStatus:
     IDLE = 0  # nothing new: wait for entries after the last entry id
     FENCED = -1  # the fence names another grant: what was read is not to be processed
     RETIRED = -2  # the shard key does not exist
-    UNCHECKED = 3  # the read ran, its check failed (a script error): claim what it took
+    UNCHECKED = 3  # the read ran, its check failed (the gate's error): claim what it took
+
+
+def _text(value: Arg) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 @cache
@@ -97,6 +103,7 @@ class Scripts:
     group_destroy: AsyncScript
     lease_renew: AsyncScript
     mutex_release: AsyncScript
+    mutex_renew: AsyncScript
     prune_consumers: AsyncScript
     publish_dedup: AsyncScript
     rate_take: AsyncScript
@@ -104,6 +111,7 @@ class Scripts:
     read_gate: AsyncScript
     read_ungate: AsyncScript
     redeliver: AsyncScript
+    redelivery_done: AsyncScript
     retire: AsyncScript
     retry_record: AsyncScript
     schedule_tick: AsyncScript
@@ -144,6 +152,7 @@ class Scripts:
         count: int,
         *,
         after: Sequence[Arg] | None = None,
+        tryagain: int | None = None,
     ) -> tuple[int, Any]:
         """A fenced read of new entries: ``read_gate.lua``, ``XREADGROUP`` and
         ``read_ungate.lua`` in one transaction (see the gate), the entries straight
@@ -153,12 +162,20 @@ class Scripts:
             keys: the shard stream, the group's owner fence on it, the shard's hold key.
             after: a command to send first on the same connection (``XREAD BLOCK``):
                 Redis runs the read the moment it returns.
+            tryagain: on a cluster, ``TRYAGAIN`` replies to follow before raising
+                (:func:`~streamworks.redis.wire.run_batch`).
 
         Returns:
             ``(status, value)``: a :class:`ReadStatus`, with the entries (``ENTRIES``),
             the last entry id (``IDLE``) or the current fence (``FENCED``).
 
         Raises:
+            TransactionNotAtomic: ``MULTI`` was refused (the user lacks ``+multi``): the
+                gate, the read and the ungate ran one by one, unchecked; what the read
+                took is in this consumer's pending list (claim it, fenced).
+            TryAgainError: a Redis Cluster slot migration of the shard is under way:
+                the transaction (three keys, the hold key never existing outside one)
+                is refused until it ends; none of it ran. :meth:`plain_read` serves.
             ResponseError: the transaction was refused (none of it ran), or the group
                 is missing on the shard (``NOGROUP``).
         """
@@ -171,19 +188,22 @@ class Scripts:
             )
         )
         if after is None:
-            [reply] = await run_batch(self._client, [read])
+            [reply] = await run_batch(self._client, [read], tryagain=tryagain)
         else:
-            waited, reply = await run_batch(self._client, [after, read])
+            waited, reply = await run_batch(self._client, [after, read], tryagain=tryagain)
             if isinstance(waited, Exception):
                 raise waited
         if isinstance(reply, Exception):
             raise reply
         verdict, entries, _ = reply
         if isinstance(verdict, Exception):
-            # The gate failed (a bug or a server fault) and the read ran unchecked: it
-            # is not processed; a (fenced) takeover round claims what it took.
-            log.error("fenced read gate failed on %s: %s", stream, verdict)
-            return ReadStatus.UNCHECKED, None
+            # The gate failed (a bug, a server fault, a user without +rename) while the
+            # transaction ran: the read ran unchecked. It is not processed; a (fenced)
+            # takeover round claims what it took. The caller counts it.
+            log.error(
+                "fenced read gate failed on %s, the read ran unchecked: %s", _text(stream), verdict
+            )
+            return ReadStatus.UNCHECKED, verdict
         status = int(verdict[0])
         if status < 0:
             return status, verdict[1] if len(verdict) > 1 else None
@@ -194,6 +214,40 @@ class Scripts:
         # RESP3 answers a map of stream -> entries, RESP2 a list of [stream, entries].
         found = next(iter(entries.values())) if type(entries) is dict else entries[0][1]
         return ReadStatus.ENTRIES, found
+
+    async def plain_read(
+        self,
+        keys: Sequence[Arg],
+        group: Arg,
+        consumer: Arg,
+        token: Arg,
+        count: int,
+        *,
+        after: Sequence[Arg] | None = None,
+    ) -> tuple[int, Any]:
+        """The same fenced read as :meth:`fenced_read`, as one script (``read.lua``, the
+        entries through Lua: more work for the server) on two keys that always exist,
+        the stream and its fence: what serves a shard whose slot a Redis Cluster
+        migration is moving, where the transaction gets ``TRYAGAIN`` throughout. It
+        still gets ``TRYAGAIN`` while the two keys are on different nodes.
+
+        Args:
+            keys: as :meth:`fenced_read` (the hold key is not used).
+            after: as :meth:`fenced_read`.
+        """
+        stream, fence = keys[0], keys[1]
+        script_keys: list[Arg] = [stream, fence]
+        args: list[Arg] = [group, consumer, token, count]
+        if after is None:
+            reply = await self.call("read", script_keys, args)
+        else:
+            reply = await self.call_after(list(after), "read", script_keys, args)
+        status = int(reply[0])
+        if status == 1:
+            return ReadStatus.ENTRIES, reply[1]
+        if status == 0:
+            return ReadStatus.IDLE, reply[1]
+        return status, reply[1] if len(reply) > 1 else None
 
     async def call_many(
         self, name: str, calls: Sequence[tuple[list[Arg], list[Arg]]], *, chunk: int = 1000

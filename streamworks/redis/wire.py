@@ -22,6 +22,7 @@ from redis.exceptions import ResponseError
 __all__ = (
     "Atomic",
     "Command",
+    "TransactionNotAtomic",
     "call",
     "fold_replies",
     "pack",
@@ -37,14 +38,42 @@ Arg = bytes | str | int
 class Atomic:
     """Commands run as one ``MULTI`` … ``EXEC`` transaction, as one item of a batch.
 
-    Its reply is the list of its commands' replies (an error reply in place, as its
-    :class:`ResponseError`), or, when Redis refused it before running any of it (a
-    command queued with an error, ``MOVED`` on a cluster, ``EXECABORT``), that error.
+    Its reply (:func:`fold_replies`) is one of three things, and they must not be
+    confused, because the commands are pipelined behind the ``MULTI``:
+
+    * the list of its commands' replies: it ran, as one step; a command that failed
+      while running (a script error, ``NOGROUP``) has its error reply in place, as its
+      :class:`ResponseError`, and the others ran all the same;
+    * an error: Redis refused it before running any of it (a command queued with an
+      error, ``MOVED``/``TRYAGAIN`` on a cluster, ``EXECABORT``);
+    * a :class:`TransactionNotAtomic`: the ``MULTI`` itself was refused (``NOPERM``: a
+      user without ``+multi``), so Redis ran every command behind it *one by one, as it
+      arrived*, outside any transaction, and the ``EXEC`` failed afterwards.
+
     On a cluster it is routed by its first command's key: every key of a transaction
     must be in one slot.
     """
 
     commands: tuple[Sequence[Arg], ...]
+
+
+class TransactionNotAtomic(ResponseError):
+    """The ``MULTI`` of an :class:`Atomic` was refused, and the commands sent behind it
+    ran one by one, outside any transaction: some may have done their work (an
+    ``XREADGROUP`` took entries) while others failed. Never "nothing ran".
+
+    Attributes:
+        refusal: why ``MULTI`` was refused (a ``NoPermissionError`` for ``NOPERM``).
+        replies: each command's own reply, in order (an error reply in place).
+    """
+
+    def __init__(self, refusal: BaseException, replies: list[Any]) -> None:
+        super().__init__(
+            f"MULTI refused ({refusal}): the {len(replies)} command(s) of the transaction "
+            "ran one by one, not atomically"
+        )
+        self.refusal = refusal
+        self.replies = replies
 
 
 #: An item of a batch: a plain command, or a transaction.
@@ -77,23 +106,36 @@ def pack_command(command: Command) -> tuple[bytes, int]:
 
 def fold_replies(command: Command, replies: list[Any]) -> Any:
     """The reply of an item of a batch from the raw replies :func:`pack_command` said
-    it gets (a transaction: its ``EXEC`` reply, or why it did not run)."""
+    it gets: a transaction's ``EXEC`` reply, why none of it ran, or a
+    :class:`TransactionNotAtomic` when its ``MULTI`` was refused (see :class:`Atomic`)."""
     if type(command) is not Atomic:
         return replies[0]
-    executed = replies[-1]
+    begun, executed = replies[0], replies[-1]
+    if isinstance(begun, Exception):
+        # Not in a transaction: each command behind the refused MULTI ran on its own
+        # and answered for itself (not QUEUED); the EXEC then failed ("without MULTI",
+        # or refused itself). Saying "none of it ran" here would be false.
+        return TransactionNotAtomic(begun, list(replies[1:-1]))
     if isinstance(executed, Exception):  # refused as a whole: none of it ran
         queued = next((r for r in replies[1:-1] if isinstance(r, Exception)), None)
         return queued if queued is not None else executed
     return executed
 
 
-async def run_batch(redis: Any, commands: Sequence[Command]) -> list[Any]:
+async def run_batch(
+    redis: Any, commands: Sequence[Command], *, tryagain: int | None = None
+) -> list[Any]:
     """Run ``commands`` in one round trip; one reply per command, in order. An error
-    reply is returned as its :class:`ResponseError` (the caller decides)."""
+    reply is returned as its :class:`ResponseError` (the caller decides).
+
+    Args:
+        tryagain: on a cluster, how many ``TRYAGAIN`` replies (a slot migration under
+            way) to follow per command before returning the error (default: many).
+    """
     if not commands:
         return []
     if type(redis) is not Redis:
-        return (await _other_batch(redis, commands, None))[0]
+        return (await _other_batch(redis, commands, None, tryagain))[0]
     return (await _single_batch(redis, commands, None))[0]
 
 
@@ -111,14 +153,21 @@ async def run_batch_wait(
 
 
 async def _other_batch(
-    redis: Any, commands: Sequence[Command], wait: tuple[int, int] | None
+    redis: Any,
+    commands: Sequence[Command],
+    wait: tuple[int, int] | None,
+    tryagain: int | None = None,
 ) -> tuple[list[Any], list[Any]]:
     from streamworks.redis.client import WaitingRedisCluster
 
     if type(redis) in (RedisCluster, WaitingRedisCluster):
-        from streamworks.redis.cluster import run_cluster_batch  # imports wire: a cycle
+        from streamworks.redis.cluster import (  # imports wire: a cycle
+            MAX_REDIRECTS,
+            run_cluster_batch,
+        )
 
-        return await run_cluster_batch(redis, commands, wait=wait)
+        limit = MAX_REDIRECTS if tryagain is None else tryagain
+        return await run_cluster_batch(redis, commands, wait=wait, tryagain=limit)
     # Anything else (a subclass of redis-py's clients, e.g. one recording what it sends,
     # or a pipeline-capable stand-in): its pipeline, as for a single server.
     pipe = redis.pipeline(transaction=False)

@@ -9,10 +9,12 @@ Dead-lettering a message takes three steps, each safe to repeat after a crash:
    lost the shard is refused and writes nothing further: no retry record, no
    dead-letter entry. Every retry record (attempt counts, due times, run counters) is
    written through the same fenced script.
-2. **write** the dead-letter entry with ``dead_letter.lua``: a marker in the
-   dead-letter stream's own slot (:meth:`Keyspace.dead_letter_marker`, per group,
-   source key and entry id) is checked and set in the same script as the ``XADD``, so
-   a second write of the same entry writes nothing.
+2. **write** the dead-letter entry with ``dead_letter.lua``: a marker (source key and
+   entry id) in the group's marker set of the dead-letter stream
+   (:meth:`Keyspace.dead_letter_markers`, in that stream's slot) is checked and added in
+   the same script as the ``XADD``, so a second write of the same entry writes nothing.
+   Markers are kept :data:`MARKER_TTL_MS` and then dropped; the set is one key per
+   dead-letter stream (docs/dlq.md: what it costs).
 3. **ack** the entry (its retry record is deleted with the ack).
 
 An owner that crashes between 1 and 3 leaves the entry pending with its final
@@ -150,28 +152,32 @@ class DeadLetters:
         assert reader is not None
         # Keyed by the key the entry was read from: a shard stream and a redelivery
         # stream of the same shard may hold entries with the same id.
-        marker = self._keyspace.dead_letter_marker(
-            self._group, message.stream, reader.stream_key, message.id
-        )
-        args: list[Any] = [MARKER_TTL_MS]
+        keyspace = self._keyspace
+        keys = [
+            keyspace.dead_letter_markers(self._group, message.stream),
+            self.key,
+            keyspace.dead_letter_marker(self._group, message.stream, reader.stream_key, message.id),
+        ]
+        member = keyspace.dead_letter_marker_member(reader.stream_key, message.id)
+        args: list[Any] = [MARKER_TTL_MS, member]
         for name, value in fields.items():
             args += [name, value]
         try:
             if self._min_replicas:
-                reply = await self._durable(marker, args)
+                reply = await self._durable(keys, args)
             else:
-                reply = await self._scripts.dead_letter(keys=[marker, self.key], args=args)
+                reply = await self._scripts.dead_letter(keys=keys, args=args)
         except RedisError as e:
             log.warning("dead-letter write of %s failed (%s); will retry", message.id, e)
             return Written.FAILED
         return Written.NOW if int(reply[0]) == 1 else Written.BEFORE
 
-    async def _durable(self, marker: str, args: list[Any]) -> Any:
+    async def _durable(self, keys: list[str], args: list[Any]) -> Any:
         """``dead_letter.lua`` and ``WAIT`` in one write on one connection (``WAIT``
         counts the replicas that have this connection's writes). A dead letter that
         fewer replicas acknowledged stays written and is logged, not retried (each
         retry would be answered "written before" and wait again for nothing)."""
-        command: list[Arg] = ["EVAL", load_script("dead_letter"), 2, marker, self.key]
+        command: list[Arg] = ["EVAL", load_script("dead_letter"), len(keys), *keys]
         command += [a if isinstance(a, bytes | str | int) else str(a) for a in args]
         [reply], [waited] = await run_batch_wait(
             self._scripts.client, [command], self._min_replicas, self._replica_timeout_ms

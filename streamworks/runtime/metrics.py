@@ -158,6 +158,8 @@ class WorkerMetrics:
         self.ack_flush = FastHistogram(ROUND_TRIP_BUCKETS)
         # shard name -> (pending, lag or None), as of the last refresh.
         self.positions: dict[str, tuple[int, int | None]] = {}
+        #: (stream, reason) -> reads that failed (``reader.read_error_reason``).
+        self.read_errors: dict[tuple[str, str], int] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_WorkerCollector(self))
         ProcessCollector(registry=self.registry)
@@ -170,6 +172,11 @@ class WorkerMetrics:
     def batch_histogram(self, stream: str) -> FastHistogram:
         """The read batch size histogram of ``stream``'s shards."""
         return self.read_batch.setdefault(stream, FastHistogram(BATCH_BUCKETS))
+
+    def count_read_error(self, stream: str, reason: str) -> None:
+        """Count one failed read of a shard of ``stream``."""
+        key = (stream, reason)
+        self.read_errors[key] = self.read_errors.get(key, 0) + 1
 
     def producer(self) -> Producer | None:
         """The producer of the app's open connection (publish metrics), if any."""
@@ -279,6 +286,16 @@ class _WorkerCollector(Collector):
         for stream, h in sorted(metrics.read_batch.items()):
             batch.add_metric([group, stream], h.buckets(), h.sum)
         yield batch
+        errors = CounterMetricFamily(
+            "streamworks_read_errors_total",
+            "Shard reads that failed and were retried, by reason: tryagain (a Redis "
+            "Cluster slot migration), denied (an ACL refusal), not_atomic (MULTI refused), "
+            "refused (another error reply), connection",
+            labels=("group", "stream", "reason"),
+        )
+        for (stream, reason), n in sorted(metrics.read_errors.items()):
+            errors.add_metric([group, stream, reason], n)
+        yield errors
         flush = HistogramMetricFamily(
             "streamworks_ack_flush_seconds",
             "Time of one ack flush (one pipeline of XACKs)",

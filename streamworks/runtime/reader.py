@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError, TryAgainError
 
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.scripts import ReadStatus
-from streamworks.redis.wire import Arg
+from streamworks.redis.wire import Arg, TransactionNotAtomic
 from streamworks.runtime.dead_letter import parse_final
 from streamworks.runtime.message import Message, messages_from_entries
 
@@ -41,9 +41,13 @@ if TYPE_CHECKING:
     from streamworks.runtime.execution import HandlerRuntime
     from streamworks.runtime.worker import Worker
 
-__all__ = ("ReaderState", "ShardReader")
+__all__ = ("ReaderState", "ShardReader", "read_error_reason")
 
 log = logging.getLogger("streamworks.reader")
+
+#: While a slot migration refuses the fenced read's transaction, how often (s) it is
+#: tried again instead of the one-script read.
+MIGRATION_RECHECK = 1.0
 
 
 class ReaderState:
@@ -95,6 +99,7 @@ class ShardReader:
         self._scope: anyio.CancelScope | None = None
         self._errors = 0
         self._batch_sizes = worker.metrics.batch_histogram(shard.stream)
+        self._migrating_until = 0.0  # clock.monotonic(): read with read.lua until then
 
     def __repr__(self) -> str:
         return f"ShardReader({self.shard_name}, token={self.token!r})"
@@ -133,13 +138,34 @@ class ShardReader:
 
     async def _backoff(self, error: BaseException) -> None:
         self._errors += 1
-        self.recovering = True
+        if not isinstance(error, TryAgainError):  # refused before running: took nothing
+            self.recovering = True
         delay = min(2.0, 0.05 * 2 ** min(self._errors, 6))
         if isinstance(error, ResponseError) and "NOGROUP" in str(error):
             self._stop(ReaderState.NO_GROUP)
             log.error("consumer group missing on %s; stopped reading it", self.shard_name)
             return
-        log.warning("read of %s failed (%s); retrying in %.2fs", self.shard_name, error, delay)
+        reason = read_error_reason(error)
+        self.worker.metrics.count_read_error(self.shard.stream, reason)
+        if reason == "tryagain":
+            # A Redis Cluster migration has split the shard's keys between two nodes
+            # (docs/cluster.md): expected while it lasts; counted, not a warning.
+            log.info(
+                "read of %s waits for a slot migration; again in %.2fs", self.shard_name, delay
+            )
+        elif reason in ("denied", "not_atomic"):
+            # Never a passing fault: the Redis user lacks a permission the fenced read
+            # needs, and a read may have run unchecked (its entries are claimed, fenced,
+            # by the takeover round that follows). Loud, every time.
+            log.error(
+                "read of %s refused by Redis (%s): the Redis user needs the worker ACL "
+                "(`streamworks admin acl worker`); retrying in %.2fs",
+                self.shard_name,
+                error,
+                delay,
+            )
+        else:
+            log.warning("read of %s failed (%s); retrying in %.2fs", self.shard_name, error, delay)
         await self.worker.clock.sleep(delay)
 
     async def _read_round(self) -> None:
@@ -187,10 +213,40 @@ class ShardReader:
         # At most read_concurrency reads of the worker at once: its pool (one per node
         # on a cluster) then holds that many connections, not one per shard.
         async with self.worker.read_slots:
-            reply = await self.worker.scripts.fenced_read(
-                keys, self.group, self.consumer, self.token, count
-            )
+            reply = await self._fenced_read(keys, count)
         self._handle_read(reply)
+
+    async def _fenced_read(
+        self, keys: list[Arg], count: int, after: list[Arg] | None = None
+    ) -> tuple[int, Any]:
+        """The fenced read; while a Redis Cluster migration moves the shard's slot (the
+        transaction gets ``TRYAGAIN`` throughout: its hold key never exists), the
+        same check as one script on the two keys that do (``Scripts.plain_read``),
+        trying the transaction again every :data:`MIGRATION_RECHECK` seconds."""
+        scripts = self.worker.scripts
+        clock = self.worker.clock
+        if clock.monotonic() < self._migrating_until:
+            return await scripts.plain_read(
+                keys, self.group, self.consumer, self.token, count, after=after
+            )
+        try:
+            reply = await scripts.fenced_read(
+                keys, self.group, self.consumer, self.token, count, after=after, tryagain=1
+            )
+        except TryAgainError:
+            self.worker.metrics.count_read_error(self.shard.stream, "tryagain")
+            if not self._migrating_until:
+                log.info(
+                    "%s: a slot migration refuses the fenced read; one script reads",
+                    self.shard_name,
+                )
+            self._migrating_until = clock.monotonic() + MIGRATION_RECHECK
+            # Nothing ran (refused before EXEC): the wait, if any, returned already.
+            return await scripts.plain_read(keys, self.group, self.consumer, self.token, count)
+        if self._migrating_until:
+            self._migrating_until = 0.0
+            log.info("%s: the slot migration is over; fenced reads as usual", self.shard_name)
+        return reply
 
     async def _wait_and_read(
         self, idle_after: bytes, block_ms: int, keys: list[Arg], count: int
@@ -205,9 +261,7 @@ class ShardReader:
         ]  # fmt: skip
         try:
             with anyio.CancelScope() as self._wait_scope:
-                return await self.worker.scripts.fenced_read(
-                    keys, self.group, self.consumer, self.token, count, after=wait
-                )
+                return await self._fenced_read(keys, count, after=wait)
         finally:
             self._wait_scope = None
         return None
@@ -219,7 +273,10 @@ class ShardReader:
         elif status == ReadStatus.IDLE:
             self._idle_after = value
         elif status == ReadStatus.UNCHECKED:
-            self.recovering = True  # what the read took is claimed, fenced, next round
+            # The gate failed and the read ran unchecked (logged by the script call):
+            # what it took is claimed, fenced, next round.
+            self.worker.metrics.count_read_error(self.shard.stream, read_error_reason(value))
+            self.recovering = True
         else:
             self._refused(status, [status, value])
 
@@ -356,6 +413,24 @@ class ShardReader:
     async def wait_idle(self) -> None:
         """Wait until every message handed out has settled (handled and acked)."""
         await self._idle.wait()
+
+
+#: How servers word an ACL refusal (NOPERM; inside a script: Valkey, then Redis 7 for a
+#: command and for a key).
+_DENIED = ("NOPERM", "ACL failure in script", "can't run this command", "can't access")
+
+
+def read_error_reason(error: BaseException) -> str:
+    """The ``reason`` label of ``streamworks_read_errors_total`` for a failed read."""
+    if isinstance(error, TransactionNotAtomic):
+        return "not_atomic"
+    if isinstance(error, NoPermissionError) or any(m in str(error) for m in _DENIED):
+        return "denied"  # (an ACL refusal inside a script is a plain script error)
+    if isinstance(error, TryAgainError):
+        return "tryagain"
+    if isinstance(error, ResponseError):
+        return "refused"
+    return "connection"
 
 
 def _apply_retry_record(message: Message, record: bytes, now_ms: int, now: float) -> None:

@@ -21,6 +21,11 @@ removed from the redelivery stream (``XACK`` and ``XDEL`` in the ack flush: no o
 group reads it). Its in-flight messages count as the shard reader's, so a drain of
 the shard (revocation, shutdown) also waits for them, and a stopped shard reader
 stops its redelivery reader.
+
+Once everything in it was handled (no entry, nothing pending, nothing of it in flight
+here), the owner removes the redelivery stream (``redelivery_done.lua``, fenced, in the
+shard's slot: a replay that comes first keeps it, one that comes after creates it
+again) and stops reading it: an empty redelivery stream is not polled forever.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class RedeliveryReader(ShardReader):
         self.parent = parent
         self.stream_key = keyspace.redelivery(parent.shard, parent.group)
         self.retry_key = keyspace.redelivery_retries(parent.shard, parent.group)
+        self.removed = False  # the stream was empty and removed: nothing left to read
 
     def __repr__(self) -> str:
         return f"RedeliveryReader({self.shard_name}, token={self.token!r})"
@@ -95,9 +101,26 @@ class RedeliveryReader(ShardReader):
                 [self.stream_key, parent.fence_key],
                 [self.group, self.consumer, self.token, room],
             )
+            if reply[0] == 0 and self.outstanding == 0:
+                await self._remove_if_done()
             if reply[0] != 1:
                 return  # nothing new, no stream, or fenced
             self._deliver(reply[1], None)
+
+    async def _remove_if_done(self) -> None:
+        """Nothing new, nothing of it in flight here: remove the stream if nothing is
+        left in it either (checked in the script, with the fence)."""
+        done = await self.worker.scripts.redelivery_done(
+            keys=[self.stream_key, self.parent.fence_key, self.retry_key],
+            args=[self.group, self.token],
+        )
+        if int(done) == 1:
+            self.removed = True
+            log.info(
+                "replayed dead letters on %s all handled: redelivery stream removed",
+                self.shard_name,
+                extra={"group": self.group},
+            )
 
     def _deliver(self, entries: list[Any], records: list[Any] | None) -> None:
         before = self.outstanding
@@ -171,6 +194,8 @@ class Redelivery:
                     reader.stop(ReaderState.STOPPED)
                 reader = self.readers[parent.shard] = RedeliveryReader(parent)
             await reader.drain_once()
+            if reader.removed:
+                del self.readers[parent.shard]
 
     def reader_stopped(self, parent: ShardReader) -> None:
         """The shard reader stopped: so does its redelivery reader (queued messages stay

@@ -17,6 +17,9 @@ Fixtures:
 * ``streamworks_runtime`` — a factory: ``streamworks_runtime(app, workers=2)``
   returns a :class:`~streamworks.testing.TestRuntime` on that server, with a key
   prefix of its own, to use as ``async with``.
+* ``streamworks_acl`` — whether ``--redis-acl`` (or :envvar:`STREAMWORKS_TEST_REDIS_ACL`
+  ``=1``) asks every component to connect as its role's least-privilege user
+  (``TestRuntime(acl=True)``: users created per runtime, ``ACL LOG`` checked at exit).
 
 Redis targets: ``streamworks_redis_url`` is parametrized over where tests run.
 Tests marked ``@pytest.mark.cluster`` run twice, ``[single]`` and ``[cluster]``
@@ -72,6 +75,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "server and a cluster), single, or cluster (every test, except 'no_cluster' ones)",
     )
 
+    parser.addoption(
+        "--redis-acl",
+        action="store_true",
+        default=os.environ.get("STREAMWORKS_TEST_REDIS_ACL", "") not in ("", "0"),
+        help="runtimes connect their coordinator, workers and producer as the role ACL "
+        "users of `streamworks admin acl` (the test's own client stays the default user); "
+        "a command Redis refused them (ACL LOG) fails the test",
+    )
     parser.addini(
         "streamworks_cluster_tests",
         type="linelist",
@@ -81,12 +92,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--redis-acl", default=False):
+        # Helpers that read the environment (like STREAMWORKS_TEST_REDIS_URL) follow.
+        os.environ["STREAMWORKS_TEST_REDIS_ACL"] = "1"
     config.addinivalue_line("markers", "seed(id): traces a seed requirement E1..E24 (SPEC.md)")
     config.addinivalue_line(
         "markers", "cluster: also run on a Redis Cluster (streamworks_redis_url[cluster])"
     )
     config.addinivalue_line(
         "markers", "no_cluster(reason): cannot run on a Redis Cluster (skipped there)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "acl_refused(reason): with --redis-acl, Redis refusing the role users is what the "
+        "test provokes (a misconfigured process): ACL LOG is not checked",
     )
 
 
@@ -228,11 +247,21 @@ def streamworks_single_redis_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def streamworks_runtime(streamworks_redis_url: str) -> Callable[..., TestRuntime]:
-    """Factory of :class:`TestRuntime` instances on the session's Redis."""
+def streamworks_acl(request: pytest.FixtureRequest) -> bool:
+    """Whether components connect as their role's ACL user (``--redis-acl``)."""
+    return bool(request.config.getoption("--redis-acl"))
+
+
+@pytest.fixture
+def streamworks_runtime(
+    streamworks_redis_url: str, streamworks_acl: bool
+) -> Callable[..., TestRuntime]:
+    """Factory of :class:`TestRuntime` instances on the session's Redis (as role ACL
+    users with ``--redis-acl``)."""
 
     def make(app: Any, **kwargs: Any) -> TestRuntime:
         kwargs.setdefault("redis_url", streamworks_redis_url)
+        kwargs.setdefault("acl", streamworks_acl)  # (TestRuntime reads it too)
         return TestRuntime(app, **kwargs)
 
     return make

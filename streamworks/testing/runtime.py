@@ -44,6 +44,7 @@ from streamworks.runtime.connection import Connection, open_connection
 from streamworks.runtime.membership import CoordinatorAssignment
 from streamworks.runtime.worker import Worker
 from streamworks.settings import CoordinatorSettings, Settings, WorkerSettings
+from streamworks.testing.acl import open_role_users
 from streamworks.testing.embedded import EmbeddedRedis
 
 __all__ = ("DeadLetter", "RuntimeObservations", "TestRuntime", "fast_settings")
@@ -205,6 +206,12 @@ class TestRuntime(RuntimeObservations):
         attach: connect the app's ``publish`` to the runtime (default).
         http: reach the coordinator over real HTTP on 127.0.0.1 instead of in-process.
         lifespan: run the app's startup and shutdown hooks (default).
+        acl: connect the coordinator, the workers and the app's producer as the
+            least-privilege users ``streamworks admin acl`` prints (created for the
+            runtime's key prefix, deleted at exit); the runtime fails at exit if Redis
+            refused any of them a command (``ACL LOG``). ``redis`` stays the default
+            user, for the test's own reads. Default: ``STREAMWORKS_TEST_REDIS_ACL``
+            (set by the pytest plugin's ``--redis-acl``).
     """
 
     __test__ = False  # not a pytest test class
@@ -220,6 +227,7 @@ class TestRuntime(RuntimeObservations):
         attach: bool = True,
         http: bool = False,
         lifespan: bool = True,
+        acl: bool | None = None,
     ) -> None:
         self.app = app
         self._n_workers = workers
@@ -232,6 +240,11 @@ class TestRuntime(RuntimeObservations):
         self._http = http
         self._run_lifespan = lifespan
         self._lifespan: Any = None
+        if acl is None:
+            acl = os.environ.get("STREAMWORKS_TEST_REDIS_ACL", "") not in ("", "0")
+        self._acl = acl
+        self._users: Any = None  # open_role_users(...) while acl
+        self._role_clients: dict[str, Any] = {}
         self.clock = Clock()
         #: Fail-stops of in-process workers (reasons): a worker process would have exited.
         self.fail_stops: list[str] = []
@@ -257,7 +270,16 @@ class TestRuntime(RuntimeObservations):
             self._redis_url = self._server.url
         self.settings = self.settings.with_overrides(redis_url=self._redis_url)
         self.redis = create_redis(self.settings)
-        self.service = CoordinatorService(self.redis, self.settings, clock=self.clock)
+        if self._acl:
+            self._users = open_role_users(self.redis, self._redis_url, self.settings.key_prefix)
+            users = await self._users.__aenter__()
+            self._role_clients = {
+                role: create_redis(self.settings.with_overrides(redis_url=url))
+                for role, url in users.urls.items()
+            }
+        self.service = CoordinatorService(
+            self._client("coordinator"), self.settings, clock=self.clock
+        )
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:
@@ -277,7 +299,7 @@ class TestRuntime(RuntimeObservations):
             self._connection_cm = open_connection(
                 self.app,
                 self.settings,
-                redis=self.redis,
+                redis=self._client("producer"),
                 coordinator=self.coordinator,
                 clock=self.clock,
             )
@@ -346,9 +368,24 @@ class TestRuntime(RuntimeObservations):
             with anyio.CancelScope(shield=True):
                 await self._release()
 
+    def _client(self, role: str) -> Any:
+        """The Redis client of ``role``'s component (the default user's without acl)."""
+        return self._role_clients.get(role, self.redis)
+
     async def _release(self) -> None:
         if self.coordinator is not None:
             await self.coordinator.aclose()
+        clients, self._role_clients = self._role_clients, {}
+        for client in clients.values():
+            await client.aclose()
+        users, self._users = self._users, None
+        try:
+            if users is not None:
+                await users.__aexit__(None, None, None)  # AclRefusals: Redis refused one
+        finally:
+            await self._release_redis()
+
+    async def _release_redis(self) -> None:
         if self.redis is not None:
             if self._own_prefix:
                 await delete_prefix(self.redis, self.settings.key_prefix)
@@ -385,7 +422,9 @@ class TestRuntime(RuntimeObservations):
         assert self._tg is not None
         assert self.coordinator is not None
         membership = CoordinatorAssignment(self.coordinator, self.settings)
-        worker = Worker(self.app, self.redis, membership, settings=self.settings, clock=self.clock)
+        worker = Worker(
+            self.app, self._client("worker"), membership, settings=self.settings, clock=self.clock
+        )
         # A run outliving its lease would exit a real worker process; here it would take
         # the test process with it, so the fail-stop is recorded instead.
         worker.fail_stop = self.fail_stops.append

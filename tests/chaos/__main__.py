@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-share", type=float, default=0.01, help="share of long runs")
     parser.add_argument("--settle-timeout", type=float, default=240)
     parser.add_argument("--workdir", type=Path, default=None, help="logs and report (temp dir)")
+    parser.add_argument("--acl", action="store_true", help="processes as role ACL users")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     low, high = (float(x) for x in args.gap.split(","))
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         long_share=args.long_share,
         settle_timeout=args.settle_timeout,
         workdir=args.workdir,
+        acl=args.acl,
     )
     result = anyio.run(run_chaos, config, backend="asyncio")
     return 0 if result.ok else 1

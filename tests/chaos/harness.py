@@ -28,6 +28,7 @@ import gzip
 import json
 import os
 import random
+import secrets
 import select
 import signal
 import tempfile
@@ -44,9 +45,11 @@ from streamworks import App, Record
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.client import CoordinatorClient
 from streamworks.protocol.control import StatusResponse
+from streamworks.redis.acl import ROLES, Role, setuser_command
 from streamworks.redis.keyspace import Keyspace
 from streamworks.runtime.ownership import FAIL_STOP_EXIT_CODE
 from streamworks.settings import Settings
+from streamworks.testing.acl import acl_log, with_credentials
 from streamworks.testing.embedded import EmbeddedRedis
 from tests.chaos.apps import chaosapp
 from tests.chaos.checker import (
@@ -96,6 +99,7 @@ class ChaosConfig:
     workdir: Path | None = None
     progress_every: float = 30.0
     quiet: bool = False
+    acl: bool = False  # every process as its role's least-privilege ACL user
 
     def command(self) -> str:
         args = [
@@ -110,6 +114,8 @@ class ChaosConfig:
         ]
         if self.cover_all:
             args.append("--cover-all")
+        if self.acl:
+            args.append("--acl")
         return ".venv/bin/python -m tests.chaos " + " ".join(args)
 
 
@@ -492,6 +498,8 @@ class ChaosRun:
             else []
         )
         self.subscriptions: list[Subscription] = []
+        self.users: dict[Role, tuple[str, str]] = {}  # role -> ACL user, password (acl)
+        self.acl_refused: list[dict[str, str]] = []
         self.deaths: dict[int, float] = {}  # pid -> known dead by then (monotonic)
         self.fail_stops = 0  # workers that exited 75 (a sync run outlived its lease)
         self.long_runs = 0  # messages published with a long handler run
@@ -534,8 +542,10 @@ class ChaosRun:
         urls = [f"http://127.0.0.1:{a.port}", f"http://127.0.0.1:{b.port}"]
         if slot.index % 2:
             urls.reverse()
+        redis_url = f"redis://127.0.0.1:{hub.proxies[slot.redis_proxy].port}/0"
         return {
-            "STREAMWORKS_REDIS_URL": f"redis://127.0.0.1:{hub.proxies[slot.redis_proxy].port}/0",
+            "STREAMWORKS_REDIS_URL": self.role_url("worker", redis_url),
+            "CHAOS_RECORD_REDIS_URL": redis_url,  # the app's records: the default user
             "STREAMWORKS_COORDINATOR_URLS": ",".join(urls),
             "CHAOS_SHARDS": str(self.config.shards),
             "CHAOS_GROUP": slot.group,
@@ -579,7 +589,10 @@ class ChaosRun:
             proc = self.cluster.start(
                 f"{replica.name}.{replica.generation}",
                 "coordinator",
-                env={"STREAMWORKS_COORDINATOR__PORT": str(replica.port)},
+                env={
+                    "STREAMWORKS_COORDINATOR__PORT": str(replica.port),
+                    "STREAMWORKS_REDIS_URL": self.role_url("coordinator", self.redis_server.url),
+                },
             )
             proc.url = replica.url
             replica.proc = proc
@@ -595,6 +608,37 @@ class ChaosRun:
 
     def client(self) -> CoordinatorClient:
         return CoordinatorClient([r.url for r in self.replicas])
+
+    # -- ACL users (config.acl) ------------------------------------------------------------
+    def role_url(self, role: Role, url: str) -> str:
+        """``url`` logging in as ``role``'s ACL user (``url`` itself without acl)."""
+        if not self.config.acl:
+            return url
+        user, password = self.users[role]
+        return with_credentials(url, user, password)
+
+    async def _create_users(self) -> None:
+        for role in ROLES:
+            user, password = f"chaos-{role}", secrets.token_hex(16)
+            await self.redis.execute_command(*setuser_command(role, user, password, PREFIX))
+            self.users[role] = (user, password)
+        await self.redis.execute_command("ACL", "SAVE")
+        self.say(f"ACL users: {', '.join(u for u, _ in self.users.values())}")
+
+    async def _acl_log(self) -> list[dict[str, str]]:
+        if not self.config.acl:
+            return []
+        return await acl_log(self.redis, {u for u, _ in self.users.values()})
+
+    async def _acl_refusals(self) -> list[str]:
+        """What Redis refused the role users during the run (``ACL LOG``, read before each
+        Redis restart and at the end): each is a failure of the run."""
+        refused = [*self.acl_refused, *await self._acl_log()]
+        return [
+            f"ACL: {e.get('username')} refused {e.get('reason')} {e.get('object')!r} "
+            f"x{e.get('count', '1')}"
+            for e in refused
+        ]
 
     # -- the whole run ---------------------------------------------------------------------
     async def run(self) -> ChaosResult:
@@ -630,7 +674,13 @@ class ChaosRun:
         self._late_done = anyio.Event()
         if not self.late_slots:
             self._late_done.set()
-        self.redis_server = EmbeddedRedis(appendonly=True)
+        # ACL users live in an ACL file (ACL SAVE), so a Redis restart keeps them.
+        aclfile = workdir / "users.acl"
+        if config.acl:
+            aclfile.touch()
+        self.redis_server = EmbeddedRedis(
+            appendonly=True, extra={"aclfile": str(aclfile)} if config.acl else None
+        )
         await anyio.to_thread.run_sync(self.redis_server.start)
         self.hub = ProxyHub()
         self.cluster = Cluster(self.redis_server.url, PREFIX, workdir)
@@ -646,6 +696,8 @@ class ChaosRun:
                 else f"Redis {info.get('redis_version', '?')}"
             )
             self.say(f"server: {self.server} ({self.redis_server.binary})")
+            if config.acl:
+                await self._create_users()
             await self._start()
             stop = anyio.Event()
             async with anyio.create_task_group() as tg:
@@ -670,6 +722,7 @@ class ChaosRun:
                         await producer.done.wait()
                 self.say(f"producers stopped: {sum(len(p.acked) for p in self.producers)} acked")
                 final_state = await self._settle()
+                final_state += await self._acl_refusals()
                 tg.cancel_scope.cancel()
             report = await self._check()
         finally:
@@ -730,7 +783,7 @@ class ChaosRun:
         proxy_port = self.hub.proxies["producers.redis"].port
         for i in range(config.producers):
             settings = Settings(
-                redis_url=f"redis://127.0.0.1:{proxy_port}/0",
+                redis_url=self.role_url("producer", f"redis://127.0.0.1:{proxy_port}/0"),
                 key_prefix=PREFIX,
                 coordinator_urls=[r.url for r in self.replicas],
                 heartbeat_interval=float(FAST_TIMERS["STREAMWORKS_HEARTBEAT_INTERVAL"]),
@@ -1028,6 +1081,7 @@ class ChaosRun:
             start = time.monotonic()
             self._redis_down = True
             try:
+                self.acl_refused += await self._acl_log()  # kept in memory only: read it now
                 await anyio.to_thread.run_sync(self.redis_server.kill)
                 self.say(f"{fault.kind}: Redis killed, down for {fault.params['down']}s")
                 await anyio.sleep(fault.params["down"])

@@ -33,7 +33,9 @@ SEED = int(os.environ.get("CHAOS_SEED", "20241130"))
 
 @pytest.mark.chaos
 @pytest.mark.timeout(300)
-async def test_chaos_smoke_every_fault_kind_nothing_lost(tmp_path: Path) -> None:
+async def test_chaos_smoke_every_fault_kind_nothing_lost(
+    tmp_path: Path, streamworks_acl: bool
+) -> None:
     config = ChaosConfig(
         seed=SEED,
         duration=75,
@@ -45,6 +47,7 @@ async def test_chaos_smoke_every_fault_kind_nothing_lost(tmp_path: Path) -> None
         settle_timeout=90,
         workdir=tmp_path,
         progress_every=20,
+        acl=streamworks_acl,  # --redis-acl: every process as its role's ACL user
     )
     result = await run_chaos(config)
     assert result.published > 1000, result.table()

@@ -176,3 +176,29 @@ async def test_control_slot_migrates_while_members_heartbeat(
         assert await fences_match(redis, keyspace, members)
     finally:
         await service_redis.aclose()
+
+
+async def test_the_lag_repair_asks_every_node_which_server_it_is(
+    on_cluster: tuple[Settings, Any],
+) -> None:
+    """The ACTIVE lag repair runs only where a node loses ``entries-read`` on a reload
+    (``lag_repair.py``): on a cluster it asks every node the client knows (``HELLO``),
+    from a client that has not sent a command yet too."""
+    from streamworks.coordinator.core.streams import new_stream
+    from streamworks.coordinator.lag_repair import ActiveLagRepair, loses_entries_read
+    from streamworks.coordinator.metrics import CoordinatorMetrics
+    from streamworks.coordinator.store import Store
+
+    settings, client = on_cluster
+    info = await client.info("server", target_nodes=RedisCluster.RANDOM)
+    server = "valkey" if info.get("valkey_version") else "redis"
+    version = str(info.get("valkey_version") or info["redis_version"])
+    redis = create_redis(settings)  # fresh: its node list is not loaded yet
+    keyspace = Keyspace(settings.key_prefix)
+    try:
+        repair = ActiveLagRepair(Store(redis, keyspace), keyspace, CoordinatorMetrics())
+        await repair.maybe_repair("orders", new_stream("orders", 2, 1))
+        # A pass reads the shards only where it is needed (an error asking: it is).
+        assert repair.passes == int(loses_entries_read(server, version))
+    finally:
+        await redis.aclose()

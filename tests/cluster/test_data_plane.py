@@ -156,6 +156,43 @@ async def test_slot_migration_under_traffic_loses_nothing(
         assert len(seen) == len(acked)  # and nothing ran twice (no crash, no redelivery)
 
 
+async def test_a_shard_is_read_throughout_its_slot_migration(
+    local_cluster: LocalCluster,
+) -> None:
+    """The fenced read's transaction names three keys, one of which (the hold key)
+    never exists outside it: a node whose slot is migrating answers ``TRYAGAIN`` to it
+    for as long as the migration lasts, not a moment. The reader counts it and reads
+    with one script on the two keys that exist (``read.lua``) until the transaction
+    is accepted again: messages published while the slot is migrating — all keys still
+    on the source, then all on the target (``ASK``) — are handled before it ends."""
+    seen: list[int] = []
+    app = consuming_app(1, seen)
+    async with StaticRuntime(app, workers=1, redis_url=local_cluster.url) as rt:
+        sent = 0
+
+        async def publish(n: int) -> None:
+            nonlocal sent
+            await app.publish_many("orders", [Record({"n": sent + i}) for i in range(n)])
+            sent += n
+            await wait_for(lambda: len(seen) == sent, 15, f"{sent} handled")
+
+        await publish(10)
+        slot = key_slot(rt.keyspace.stream(ShardId("orders", 0)).encode())
+        dst = next(
+            m.port for m in local_cluster.masters() if m.port != local_cluster.master_for_slot(slot)
+        )
+        src = await anyio.to_thread.run_sync(local_cluster.begin_migration, slot, dst)
+        await publish(10)  # MIGRATING, every key still on the source
+        while await anyio.to_thread.run_sync(local_cluster.move_keys, slot, src, dst, 100):
+            pass
+        await publish(10)  # every key on the target, the slot not handed over yet (ASK)
+        await anyio.to_thread.run_sync(local_cluster.finish_migration, slot, src, dst)
+        await publish(10)
+        assert sorted(seen) == list(range(40))
+        errors = rt.workers[0].metrics.read_errors
+        assert errors.get(("orders", "tryagain"), 0) > 0, errors  # the metric counted it
+
+
 async def wait_promoted(local_cluster: LocalCluster, key: str, replica: int, redis: Any) -> None:
     """Wait until ``replica`` owns ``key``'s slot, then reload ``redis``'s slot map (a
     client that has not hit the dead node yet still lists it as a primary)."""

@@ -8,6 +8,7 @@ every process's log is printed (pytest shows it when the test fails).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from streamworks.settings import Settings
+from streamworks.testing.acl import open_role_users
 from tests.e2e.harness import Cluster
 
 
@@ -31,12 +33,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture
-async def cluster(settings: Settings, redis: Any, tmp_path: Path) -> AsyncIterator[Cluster]:
+async def cluster(
+    settings: Settings,
+    redis: Any,
+    tmp_path: Path,
+    streamworks_acl: bool,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Cluster]:
     """Processes on the test's Redis and key prefix (``redis`` cleans the prefix after
-    they are all dead)."""
-    procs = Cluster(settings.redis_url, settings.key_prefix, tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.kill_all()
-        print(procs.report())
+    they are all dead). With ``--redis-acl`` coordinators, workers and producers log in
+    as their role's ACL user, and a command Redis refused them fails the test."""
+    async with contextlib.AsyncExitStack() as stack:
+        role_urls: dict[str, str] = {}
+        if streamworks_acl:
+            provoked = request.node.get_closest_marker("acl_refused") is not None
+            users = await stack.enter_async_context(
+                open_role_users(
+                    redis, settings.redis_url, settings.key_prefix, check_log=not provoked
+                )
+            )
+            role_urls = dict(users.urls)
+        procs = Cluster(settings.redis_url, settings.key_prefix, tmp_path, role_urls=role_urls)
+        try:
+            yield procs
+        finally:
+            procs.kill_all()
+            print(procs.report())

@@ -144,8 +144,18 @@ def spawn(
 class Cluster:
     """The processes of one test, all on one Redis URL and key prefix."""
 
-    def __init__(self, redis_url: str, prefix: str, workdir: Path) -> None:
+    def __init__(
+        self,
+        redis_url: str,
+        prefix: str,
+        workdir: Path,
+        *,
+        role_urls: Mapping[str, str] | None = None,
+    ) -> None:
         self.redis_url = redis_url
+        #: role -> URL of its ACL user (``--redis-acl``): coordinators, workers and the
+        #: producers of :meth:`settings` log in as their role; CLI commands as redis_url.
+        self.role_urls = dict(role_urls or {})
         self.prefix = prefix
         self.workdir = workdir
         self.procs: list[Proc] = []
@@ -155,6 +165,7 @@ class Cluster:
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
             "STREAMWORKS_REDIS_URL": redis_url,
+            "E2E_RECORD_AS_DEFAULT_USER": "1",  # the test apps' records (apps/__init__.py)
             "STREAMWORKS_KEY_PREFIX": prefix,
             **FAST_TIMERS,
             # Several workers per test (and tests side by side): each worker's HTTP
@@ -166,7 +177,7 @@ class Cluster:
     def settings(self, **changes: Any) -> Settings:
         """Settings for the test process itself (producers, clients)."""
         return Settings(
-            redis_url=self.redis_url,
+            redis_url=self.role_urls.get("producer", self.redis_url),
             key_prefix=self.prefix,
             coordinator_urls=[c.url for c in self.coordinators] or ["http://127.0.0.1:1"],
             heartbeat_interval=0.2,
@@ -189,8 +200,9 @@ class Cluster:
 
     def start_coordinator(self, name: str = "coordinator", **env: str) -> Proc:
         port = free_port()
+        own = {"STREAMWORKS_REDIS_URL": self.role_urls["coordinator"]} if self.role_urls else {}
         proc = self.start(
-            name, "coordinator", env={"STREAMWORKS_COORDINATOR__PORT": str(port), **env}
+            name, "coordinator", env={**own, "STREAMWORKS_COORDINATOR__PORT": str(port), **env}
         )
         proc.url = f"http://127.0.0.1:{port}"
         self.coordinators.append(proc)
@@ -206,12 +218,13 @@ class Cluster:
         **env: str,
     ) -> Proc:
         urls = ",".join(c.url for c in (coordinators or self.coordinators))
+        own = {"STREAMWORKS_REDIS_URL": self.role_urls["worker"]} if self.role_urls else {}
         return self.start(
             name,
             "worker",
             target,
             *args,
-            env={"STREAMWORKS_COORDINATOR_URLS": urls, **env},
+            env={**own, "STREAMWORKS_COORDINATOR_URLS": urls, **env},
         )
 
     async def cli(

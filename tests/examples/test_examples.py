@@ -99,7 +99,9 @@ async def test_orders_load_generator(streamworks_redis_url: str) -> None:
     from examples.orders import app as orders
     from examples.orders.load import publish_orders
 
-    async with TestRuntime(orders.app, workers=1, redis_url=streamworks_redis_url) as rt:
+    # acl=False: the example's handler keeps its demo data (demo:*) through streamworks'
+    # own connection, which a worker's least-privilege user may not (docs/security.md).
+    async with TestRuntime(orders.app, workers=1, redis_url=streamworks_redis_url, acl=False) as rt:
         charged_key = f"demo:charged:{orders.app.name}"
         await rt.redis.delete(charged_key, f"demo:by-member:{orders.app.name}")
         try:

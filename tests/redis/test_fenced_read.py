@@ -3,7 +3,7 @@ one ``MULTI``/``EXEC`` — the consume hot path's read (SPEC §5: a member whose
 was taken away cannot pull new entries, even paused past its lease).
 
 Contract: ``(ENTRIES, entries)`` | ``(IDLE, last_entry_id)`` | ``(FENCED, current
-fence)`` | ``(RETIRED, None)`` | ``(UNCHECKED, None)``; ``NOGROUP`` raises.
+fence)`` | ``(RETIRED, None)`` | ``(UNCHECKED, the gate's error)``; ``NOGROUP`` raises.
 """
 
 from __future__ import annotations
@@ -135,7 +135,8 @@ async def test_a_gate_that_fails_leaves_the_read_unchecked_for_a_takeover_round(
     [only] = await add_entries(redis, keys[0], 1)
     await redis.delete(keys[1])
     await redis.hset(keys[1], "not", "a fence")
-    assert await read(scripts, keys) == (ReadStatus.UNCHECKED, None)
+    status, error = await read(scripts, keys)
+    assert status == ReadStatus.UNCHECKED and isinstance(error, ResponseError)
     assert await pending_ids(redis, keys[0], GROUP) == {only: MEMBER}
 
 

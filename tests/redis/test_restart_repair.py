@@ -193,6 +193,8 @@ async def test_the_coordinators_pass_repairs_active_shards_read_to_the_end_only(
         repaired = await repair.maybe_repair("orders", meta)
 
         assert repaired == (0 if keeps_counter else 1)
+        # Where the counter survives a reload the pass does not even read the shards.
+        assert repair.passes == (0 if keeps_counter else 1)
         after = {
             sid: {g["name"]: g["lag"] for g in (await groups(redis, keyspace.stream(sid))).values()}
             for sid in (read_all, unread)
@@ -206,13 +208,77 @@ async def test_the_coordinators_pass_repairs_active_shards_read_to_the_end_only(
         )
         assert (value or 0.0) == repaired
         # Rate-limited: the next pass within the interval checks nothing, even when a
-        # lag is wrong again.
+        # lag is wrong again; nor does another replica's while the first one's turn
+        # lasts (one pass per stream per interval, however many replicas).
         await redis.execute_command(
             "XGROUP", "SETID", keyspace.stream(read_all), GROUPS[0], "4-0", "ENTRIESREAD", 0
         )
         assert await repair.maybe_repair("orders", meta) == 0
-        assert (await groups(redis, keyspace.stream(read_all)))[GROUPS[0]]["lag"] == 4
-        assert await ActiveLagRepair(store, keyspace, metrics).maybe_repair("orders", meta) == 1
+        other = ActiveLagRepair(store, keyspace, metrics, needed=True)
+        assert await other.maybe_repair("orders", meta) == (1 if keeps_counter else 0)
+        if not keeps_counter:
+            assert (await groups(redis, keyspace.stream(read_all)))[GROUPS[0]]["lag"] == 4
+            await redis.delete(keyspace.lag_repair_turn("orders"))  # the turn ran out
+            third = ActiveLagRepair(store, keyspace, metrics)
+            assert await third.maybe_repair("orders", meta) == 1
         assert (await groups(redis, keyspace.stream(read_all)))[GROUPS[0]]["lag"] == 0
+    finally:
+        await redis.aclose()
+
+
+async def _commands(redis: Any) -> dict[str, int]:
+    """``INFO commandstats``: calls per command (``cmdstat_xinfo|groups`` as
+    ``xinfo|groups``), on the test's own server."""
+    stats = await redis.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
+async def test_a_repair_pass_costs_nothing_where_the_counter_survives_and_one_read_elsewhere(
+    server: EmbeddedRedis,
+) -> None:
+    """The cost of the ACTIVE lag repair, counted by the server (``INFO commandstats``)
+    over 20 passes on 16 shards of 2 groups read to the end: on a server that keeps
+    ``entries-read`` (Valkey 8.x, Redis >= 7.4) one ``HELLO``, nothing else; on one
+    that loses it, one turn (``SET NX``) and one pipelined read of the shards' groups
+    per pass, and the repair script only on a shard whose lag is wrong (here: one)."""
+    settings = Settings(redis_url=server.url, key_prefix="cost")
+    keyspace = Keyspace(settings.key_prefix)
+    meta = new_stream("orders", 16, 1)
+    shards = [ShardId.parse(s) for s in meta.shard_ids(meta.routable())]
+    redis = create_redis(settings)
+    try:
+        keeps_counter = _lags_counter_on_reload(await redis.info("server"))
+        store = Store(redis, keyspace)
+        for g in GROUPS:
+            await store.record_subscription("orders", g)
+        await provision.create_shards(store.scripts, keyspace, shards, list(GROUPS))
+        for sid in shards:
+            await add_entries(redis, keyspace.stream(sid), 3)
+            for g in GROUPS:
+                ids = await read_group(redis, keyspace.stream(sid), g, "c", 100)
+                await redis.xack(keyspace.stream(sid), g, *ids)
+        broken = keyspace.stream(shards[5])
+        await redis.execute_command("XGROUP", "SETID", broken, GROUPS[0], "3-0", "ENTRIESREAD", 0)
+        repair = ActiveLagRepair(store, keyspace, CoordinatorMetrics(), interval=0)
+        before = await _commands(redis)
+        repaired = 0
+        for _ in range(20):
+            await redis.delete(keyspace.lag_repair_turn("orders"))  # as if 5 s passed
+            repaired += await repair.maybe_repair("orders", meta)
+        after = await _commands(redis)
+        spent = {c: n - before.get(c, 0) for c, n in after.items() if n != before.get(c, 0)}
+        spent.pop("info", None)  # this test's own INFO
+        deletes = spent.pop("del")
+        assert deletes == 20
+        if keeps_counter:
+            assert spent == {"hello": 1}, spent
+            assert repaired == 0
+        else:
+            assert repaired == 1  # the broken shard, in the first pass; then exact
+            # (a first EVALSHA may be refused NOSCRIPT on this fresh server: reloaded)
+            assert spent["evalsha"] - spent.get("script|load", 0) == 1, spent
+            assert spent["xgroup|setid"] == 1, spent
+            assert spent["set"] == 20 and spent["hello"] == 1, spent
+            assert spent["xinfo|groups"] == 20 * 16 + 1 and spent["xlen"] == 20 * 16 + 2, spent
     finally:
         await redis.aclose()

@@ -189,7 +189,7 @@ async def test_destroy_group_removes_the_group_its_keys_and_its_set_entry(
     await read_all(redis, stream, EARLY)
     assert await trim(scripts, stream) == 0  # LATE has read nothing
 
-    assert await provision.destroy_group(scripts, keyspace, sid, LATE) is True
+    assert await provision.destroy_group(scripts, keyspace, [sid], LATE) == 1
 
     assert set(await groups(redis, stream)) == {EARLY}
     assert await members(redis, keyspace.shard_groups(sid)) == {EARLY}
@@ -204,7 +204,7 @@ async def test_destroy_group_removes_the_group_its_keys_and_its_set_entry(
     assert await redis.get(keyspace.fence(sid, EARLY)) == b"3:m2"
     assert await trim(scripts, stream) == 3
     # Again: nothing left to destroy, still consistent.
-    assert await provision.destroy_group(scripts, keyspace, sid, LATE) is False
+    assert await provision.destroy_group(scripts, keyspace, [sid], LATE) == 0
 
 
 async def test_scripts_on_a_missing_shard_write_no_set(
@@ -213,6 +213,6 @@ async def test_scripts_on_a_missing_shard_write_no_set(
     sid = shard("gone")
     assert await provision.record_shard_groups(scripts, keyspace, [sid], [EARLY]) == [sid]
     assert await provision.create_group(scripts, keyspace, [sid], EARLY) == [sid]
-    assert await provision.destroy_group(scripts, keyspace, sid, EARLY) is False
+    assert await provision.destroy_group(scripts, keyspace, [sid], EARLY) == 0
     assert await trim(scripts, keyspace.stream(sid)) == -2
     assert await redis.exists(keyspace.stream(sid), keyspace.shard_groups(sid)) == 0

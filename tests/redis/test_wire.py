@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import anyio
@@ -9,10 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.asyncio.connection import Connection
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
+from streamworks.redis.client import create_redis
 from streamworks.redis.keyspace import Keyspace
-from streamworks.redis.wire import pack, run_batch
+from streamworks.redis.wire import Atomic, TransactionNotAtomic, pack, run_batch
+from streamworks.settings import Settings
+from streamworks.testing.acl import with_credentials
 
 
 @given(
@@ -69,3 +73,33 @@ async def test_empty_batch_is_a_no_op(redis: Any) -> None:
 @pytest.mark.parametrize("value", [0, -1, 2**63])
 def test_pack_encodes_integers_as_decimal_text(value: int) -> None:
     assert pack(["SET", "k", value]).endswith(f"${len(str(value))}\r\n{value}\r\n".encode())
+
+
+@pytest.mark.no_cluster("creates a server-wide user on the single server")
+async def test_a_refused_multi_is_reported_as_commands_that_ran_one_by_one(
+    redis: Any, keyspace: Keyspace, settings: Settings
+) -> None:
+    """A user without ``+multi``: Redis refuses the ``MULTI`` and then runs each command
+    pipelined behind it on its own. The reply must say so (not "refused, none of it
+    ran", which is what a refused ``EXEC`` means when the ``MULTI`` was accepted)."""
+    user, password = f"sw-test-nomulti-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    key = f"{keyspace.prefix}:atomic"
+    await redis.execute_command(
+        "ACL", "SETUSER", user, "reset", "on", f">{password}", f"~{keyspace.prefix}:*",
+        "+set", "+get", "+exec", "+ping", "+hello", "+select",
+    )  # fmt: skip
+    client = create_redis(
+        settings.with_overrides(redis_url=with_credentials(settings.redis_url, user, password))
+    )
+    try:
+        [reply] = await run_batch(client, [Atomic((("SET", key, "1"), ("GET", key)))])
+        assert isinstance(reply, TransactionNotAtomic), reply
+        assert isinstance(reply.refusal, NoPermissionError)
+        assert reply.replies == [b"OK", b"1"]  # each ran, and answered for itself
+        assert await redis.get(key) == b"1"
+        # The same transaction as a user who may run it: one step, its replies.
+        [reply] = await run_batch(redis, [Atomic((("SET", key, "2"), ("GET", key)))])
+        assert reply == [b"OK", b"2"]
+    finally:
+        await client.aclose()
+        await redis.execute_command("ACL", "DELUSER", user)

@@ -38,6 +38,7 @@ from streamworks.runtime.connection import Connection, open_connection
 from streamworks.runtime.routing import StaticRoutingSource
 from streamworks.runtime.worker import Worker
 from streamworks.settings import Settings
+from streamworks.testing.acl import open_role_users
 from streamworks.testing.embedded import EmbeddedRedis
 from streamworks.testing.runtime import RuntimeObservations, _WorkerSlot, delete_prefix
 
@@ -55,6 +56,9 @@ class StaticRuntime(RuntimeObservations):
         key_prefix: use this prefix instead (shared by several runtimes; not cleaned).
         attach: connect the app's ``publish`` to the runtime (default). Off when the
             test connects the app itself.
+        acl: workers and the app's producer log in as their role's ACL user (default:
+            ``--redis-acl`` / ``STREAMWORKS_TEST_REDIS_ACL``); ``redis`` stays the
+            default user (provisioning, the test's reads).
     """
 
     __test__ = False  # not a pytest test class
@@ -68,8 +72,14 @@ class StaticRuntime(RuntimeObservations):
         settings: Settings | None = None,
         key_prefix: str | None = None,
         attach: bool = True,
+        acl: bool | None = None,
     ) -> None:
         self.app = app
+        if acl is None:
+            acl = os.environ.get("STREAMWORKS_TEST_REDIS_ACL", "") not in ("", "0")
+        self._acl = acl
+        self._users: Any = None
+        self._role_clients: dict[str, Any] = {}
         self._attach_app = attach
         self._n_workers = workers
         self._redis_url = redis_url or os.environ.get("STREAMWORKS_TEST_REDIS_URL")
@@ -97,11 +107,18 @@ class StaticRuntime(RuntimeObservations):
         self.settings = self.settings.with_overrides(redis_url=self._redis_url)
         self.redis = create_redis(self.settings)
         self.scripts = Scripts(self.redis)
+        if self._acl:
+            self._users = open_role_users(self.redis, self._redis_url, self.settings.key_prefix)
+            users = await self._users.__aenter__()
+            self._role_clients = {
+                role: create_redis(self.settings.with_overrides(redis_url=url))
+                for role, url in users.urls.items()
+            }
         await self._provision()
         self._connection_cm = open_connection(
             self.app,
             self.settings,
-            redis=self.redis,
+            redis=self._role_clients.get("producer", self.redis),
             routing=StaticRoutingSource(
                 self.keyspace, {s.name: s.shards for s in self.app.streams.values()}
             ),
@@ -148,6 +165,10 @@ class StaticRuntime(RuntimeObservations):
             if self._attach is not None:
                 await self._attach.__aexit__(None, None, None)
             await self._connection_cm.__aexit__(None, None, None)
+            for client in self._role_clients.values():
+                await client.aclose()
+            if self._users is not None:
+                await self._users.__aexit__(None, None, None)  # AclRefusals: Redis refused one
             if self.redis is not None:
                 if self._own_prefix:
                     await delete_prefix(self.redis, self.settings.key_prefix)
@@ -168,7 +189,12 @@ class StaticRuntime(RuntimeObservations):
     async def add_worker(self, *, rebalance: bool = True) -> Worker:
         """Start one more worker."""
         assert self._tg is not None
-        worker = Worker(self.app, self.redis, StaticAssignment({}), settings=self.settings)
+        worker = Worker(
+            self.app,
+            self._role_clients.get("worker", self.redis),
+            StaticAssignment({}),
+            settings=self.settings,
+        )
         scope = anyio.CancelScope()
         slot = _WorkerSlot(worker, scope)
         self.slots.append(slot)

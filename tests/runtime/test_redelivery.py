@@ -71,11 +71,24 @@ async def test_replay_reaches_only_the_dead_letters_group(
         # The two groups read independently: ga may handle 3 a little later than gb.
         await wait_for(lambda: any(n == 3 for n, _, _ in seen_a), 10, "ga to handle 3")
         assert sorted(n for n, _, _ in seen_a) == [0, 1, 2, 3]
-        # Acked redelivered entries are deleted from the group's private stream.
+        # Acked redelivered entries are deleted from the group's private stream, and the
+        # stream, empty, is removed: nobody reads it any more.
         shard = ShardId.parse(result.shard)
-        await wait_for(lambda: _xlen(redis, keyspace.redelivery(shard, "ga"), 0), 10, "the XDEL")
+        redelivery = keyspace.redelivery(shard, "ga")
+        await wait_for(lambda: _gone(redis, redelivery), 10, "the redelivery stream removed")
+        assert rt_a.workers[0].redelivery.readers == {}
         assert not await redis.exists(keyspace.redelivery(shard, "gb"))
         assert rt_b.statistics("orders")["handled"] == 4
+        # A later replay to the same shard creates it again, and is handled.
+        broken.add(4)
+        await app_a.publish("orders", {"n": 4}, key="k1")
+        await wait_for(lambda: _xlen(redis, dlq_key, 1), 10, "another dead letter")
+        [(dlq_id, _)] = await redis.xrange(dlq_key)
+        broken.clear()
+        again = await replay(rt_a, redis, keyspace, dlq_id)
+        assert again.shard == result.shard
+        await wait_for(lambda: any(n == 4 for n, _, _ in seen_a), 10, "the second replay")
+        await wait_for(lambda: _gone(redis, redelivery), 10, "removed again")
 
 
 async def test_a_replayed_message_that_fails_again_is_dead_lettered_again(
@@ -101,7 +114,7 @@ async def test_a_replayed_message_that_fails_again_is_dead_lettered_again(
         # Of the two members, the one that handled it owns the shard (fenced read).
         fence = (await redis.get(keyspace.fence(shard, "ga"))).decode()
         assert fence.split(":", 1)[1] == again[b"member"].decode()
-        await wait_for(lambda: _xlen(redis, keyspace.redelivery(shard, "ga"), 0), 10, "the XDEL")
+        await wait_for(lambda: _gone(redis, keyspace.redelivery(shard, "ga")), 10, "removed")
 
 
 async def replay(rt: TestRuntime, redis: Any, keyspace: Keyspace, dlq_id: bytes) -> Replayed:
@@ -116,6 +129,10 @@ async def replay(rt: TestRuntime, redis: Any, keyspace: Keyspace, dlq_id: bytes)
 
 async def _xlen(redis: Any, key: str, n: int) -> bool:
     return bool(await redis.xlen(key) == n)
+
+
+async def _gone(redis: Any, key: str) -> bool:
+    return not await redis.exists(key)
 
 
 async def test_replay_of_a_message_from_a_retired_shard_follows_its_key(

@@ -244,3 +244,30 @@ async def test_attempts_survive_a_worker_crash_mid_retry(
         assert dead.attempts == 3
         assert time.monotonic() - crashed_at >= 0.25  # the inherited backoff was honoured
         assert await rt.redis.hlen(key) == 0  # retry records are removed with the ack
+
+
+async def test_a_poison_storm_leaves_one_marker_key_per_dead_letter_stream(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    """Dead-lettered at most once takes a marker per entry; they live in one sorted
+    set per dead-letter stream (dropped after MARKER_TTL), not a key per dead letter
+    (7 days each: a storm of a million poison messages left a million keys)."""
+    app = App("g")
+    app.stream("orders", shards=4)
+
+    @app.handler("orders", retry=RetryPolicy(max_attempts=1))
+    async def handle(value: dict[str, Any]) -> None:
+        raise RuntimeError("poison")
+
+    async with streamworks_runtime(app, workers=2) as rt:
+        for n in range(40):
+            await app.publish("orders", {"n": n}, key=str(n))
+
+        async def all_dead() -> bool:
+            return len(await rt.dead_letters("orders")) == 40
+
+        await wait_for(all_dead, 15, "40 dead letters")
+        pattern = rt.keyspace.dead_letter_marker_pattern()
+        keys = [k async for k in rt.redis.scan_iter(match=pattern, count=1000)]
+        assert keys == [rt.keyspace.dead_letter_markers("g", "orders").encode()]
+        assert await rt.redis.zcard(keys[0]) == 40

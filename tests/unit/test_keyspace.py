@@ -22,6 +22,9 @@ def every_key(ks: Keyspace) -> dict[str, str]:
         "dedup": ks.dedup(SHARD, "evt-1"),
         "dead_letters": ks.dead_letters("g", "orders"),
         "dead_letter_marker": ks.dead_letter_marker("g", "orders", ks.stream(SHARD), "1-0"),
+        "dead_letter_markers": ks.dead_letter_markers("g", "orders"),
+        "read_hold": ks.read_hold(SHARD),
+        "lag_repair_turn": ks.lag_repair_turn("orders"),
         "idempotency": ks.idempotency("g", "k:1"),
         "group_meta": ks.group_meta("g"),
         "group_mutex": ks.group_mutex("g"),
@@ -41,13 +44,18 @@ def matching(pattern: str) -> set[str]:
 
 
 def test_family_patterns_match_their_family_only() -> None:
-    shard_slot = {"stream", "fence", "retries", "dedup"}
+    shard_slot = {"stream", "fence", "retries", "dedup", "read_hold"}
     assert matching(KEYS.shard_slot_pattern()) == shard_slot
+    assert matching(KEYS.shard_streams_pattern()) == {"stream"}
+    assert matching(KEYS.fences_pattern()) == {"fence"}
+    assert matching(KEYS.retries_pattern()) == {"retries"}
+    assert matching(KEYS.read_holds_pattern()) == {"read_hold"}
     assert matching(KEYS.dedup_pattern()) == {"dedup"}
     assert matching(KEYS.dead_letters_pattern()) == {"dead_letters"}
-    assert matching(KEYS.dead_letter_marker_pattern()) == {"dead_letter_marker"}
+    markers = {"dead_letter_marker", "dead_letter_markers"}
+    assert matching(KEYS.dead_letter_marker_pattern()) == markers
     assert matching(KEYS.idempotency_pattern()) == {"idempotency"}
-    per_group = {"dead_letters", "dead_letter_marker", "idempotency"}
+    per_group = {"dead_letters", "idempotency", *markers}
     control = set(every_key(KEYS)) - shard_slot - per_group
     assert matching(KEYS.control_pattern()) == control
 

@@ -53,6 +53,8 @@ from redis.exceptions import RedisError
 
 from streamworks import App, Context, RetryPolicy
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.client import create_redis
+from streamworks.settings import Settings
 
 STREAM = "chaos"
 GROUP = os.environ.get("CHAOS_GROUP", "chaos")
@@ -184,7 +186,7 @@ def _should_fail(event: Event, ctx: Context) -> bool:
 async def _record_async(event: Event, ctx: Context) -> None:
     entered = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes (Linux)
     conn = ctx.app.connection
-    redis: Any = conn.redis
+    redis: Any = _async_recorder(conn.redis)
     prefix = conn.keyspace.prefix
     fence_key = conn.keyspace.fence(ShardId.parse(ctx.message.shard), GROUP)
     head = _head(event, ctx)
@@ -221,10 +223,31 @@ async def _record_async(event: Event, ctx: Context) -> None:
             _keep_unsent([_late(record), *late])
 
 
+def _record_url() -> str | None:
+    """``CHAOS_RECORD_REDIS_URL``: the records go through the worker's own path to
+    Redis (its proxy), as the harness's default user: under ``--acl`` the worker's ACL
+    user may touch only streamworks' keys (an application keeps its own data under
+    its own credentials)."""
+    return os.environ.get("CHAOS_RECORD_REDIS_URL") or None
+
+
+_async_client: Any = None
+
+
+def _async_recorder(worker_redis: Any) -> Any:
+    global _async_client
+    url = _record_url()
+    if url is None:
+        return worker_redis
+    if _async_client is None:
+        _async_client = create_redis(Settings(redis_url=url))
+    return _async_client
+
+
 def _client() -> redis_sync.Redis:
     global _sync_client
     if _sync_client is None:
-        url = os.environ.get("STREAMWORKS_REDIS_URL", "redis://127.0.0.1:6379/0")
+        url = _record_url() or os.environ.get("STREAMWORKS_REDIS_URL", "redis://127.0.0.1:6379/0")
         _sync_client = redis_sync.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
     return _sync_client
 

@@ -21,7 +21,9 @@ What a message asks for (its payload, an :class:`Event`):
 
 Environment: ``E2E_GROUP`` (group, default ``e2e``), ``E2E_SHARDS`` (default 6),
 ``E2E_ORDERING`` (default ``key``), ``E2E_MAX_ATTEMPTS`` (default 2),
-``E2E_SLEEP`` (seconds every processing takes at least, default 0).
+``E2E_SLEEP`` (seconds every processing takes at least, default 0),
+``E2E_RECORD_AS_DEFAULT_USER`` (the records are written as the default user:
+``tests.e2e.apps.record_url``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pydantic import BaseModel
 
 from streamworks import App, Context, RetryPolicy
 from streamworks.protocol.shards import ShardId
+from tests.e2e.apps import record_client
 
 STREAM = "events"
 GROUP = os.environ.get("E2E_GROUP", "e2e")
@@ -99,7 +102,7 @@ def slept_key(prefix: str, event_id: str) -> str:
 async def record(event: Event, ctx: Context) -> None:
     entered = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes (Linux)
     conn = ctx.app.connection
-    redis: Any = conn.redis
+    redis: Any = record_client(conn.redis)
     prefix = conn.keyspace.prefix
     message = ctx.message
     fence_key = conn.keyspace.fence(ShardId.parse(message.shard), GROUP)

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from streamworks import App, Context
+from tests.e2e.apps import record_client
 
 STREAM = "life"
 SHARDS = 2
@@ -29,7 +30,7 @@ def log_key(prefix: str) -> str:
 
 async def record(event: str) -> None:
     conn = app.connection  # the worker's connection: hooks run while it is open
-    await conn.redis.rpush(log_key(conn.keyspace.prefix), event)
+    await record_client(conn.redis).rpush(log_key(conn.keyspace.prefix), event)
 
 
 @app.on_startup

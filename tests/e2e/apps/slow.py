@@ -28,6 +28,7 @@ import redis as redis_sync
 from pydantic import BaseModel
 
 from streamworks import App, Context
+from tests.e2e.apps import record_client, record_url
 
 STREAM = "jobs"
 GROUP = "ex"
@@ -85,7 +86,8 @@ if SYNC:
     def _redis() -> Any:
         client = getattr(_local, "client", None)
         if client is None:
-            client = _local.client = redis_sync.Redis.from_url(os.environ["STREAMWORKS_REDIS_URL"])
+            url = record_url() or os.environ["STREAMWORKS_REDIS_URL"]
+            client = _local.client = redis_sync.Redis.from_url(url, driver_info=None)
         return client
 
     @app.handler(STREAM, ordering="key", concurrency=4)
@@ -106,7 +108,7 @@ else:
     @app.handler(STREAM, ordering="key", concurrency=4)
     async def handle(job: Job, ctx: Context) -> None:
         conn = ctx.app.connection
-        r: Any = conn.redis
+        r: Any = record_client(conn.redis)
         prefix = conn.keyspace.prefix
         await r.eval(_RECORD, 2, seq_key(prefix), runs_key(prefix), _record(job, ctx, "start"))
         ok = False

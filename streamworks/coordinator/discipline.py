@@ -1,4 +1,6 @@
-"""The write discipline: every mutation runs in a critical section (PROTOCOL §3).
+"""The write discipline: every mutation runs in a critical section.
+
+See docs/protocol.md#write-discipline.
 
 A critical section is the local gate (refused with ``COORDINATOR_TERMINATING`` once
 this replica terminates, E4), the Redis mutex, and a body that is shielded from

@@ -1,4 +1,4 @@
-"""Member heartbeats: the shell around the core's ``heartbeat`` step (PROTOCOL §4).
+"""Member heartbeats: the shell around the core's ``heartbeat`` step (docs/protocol.md#heartbeat).
 
 A heartbeat that changes nothing takes a short road: the core decides on the cached
 group, and ``lease_renew.lua`` renews the lease in one round trip only if the cached

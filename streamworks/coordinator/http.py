@@ -4,7 +4,7 @@ Each route is registered from its endpoint's definition in
 :mod:`streamworks.protocol.api` (path, method, models, token), the same definitions
 the HTTP client builds its requests from.
 
-Errors are always ``{"error": CODE, "message": ..., "retryable": ...}`` (PROTOCOL §7).
+Errors are always ``{"error": CODE, "message": ..., "retryable": ...}`` (docs/protocol.md#http-api).
 Requests need ``Authorization: Bearer <token>`` when a token is configured, and the
 admin token for topology changes; tokens are compared in constant time and never
 logged or echoed. ``/livez``, ``/readyz`` and ``/metrics`` need no token.

@@ -1,4 +1,4 @@
-"""Repair of the ``lag`` of ACTIVE shards after a Redis < 7.4 restart (PROTOCOL §6).
+"""Repair of the ``lag`` of ACTIVE shards after a Redis < 7.4 restart (docs/protocol.md#migrations).
 
 Redis before 7.4 does not persist a consumer group's ``entries-read`` across an AOF
 reload (nor send it to replicas: a promoted replica has the same problem): it replays

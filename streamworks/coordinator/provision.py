@@ -3,13 +3,14 @@
 These are the only writes that create data-plane keys: the coordinator calls them
 when a stream is created or scaled out, when a group first subscribes to a stream,
 and when it grants a shard. The data plane never creates a key or a group, so a
-retired shard cannot be resurrected (SPEC §5). ``TestRuntime``'s static mode uses
-them directly.
+retired shard cannot be resurrected (docs/guarantees.md#scaling-in-and-removed-shards).
+``TestRuntime``'s static mode uses them directly.
 
 Each shard also carries the set of groups that must exist on it
 (:meth:`~streamworks.redis.keyspace.Keyspace.shard_groups`), written in the same script
 as the consumer groups: trimming and retirement refuse while a group on it is missing,
-so a group whose consumer group is created late loses nothing (SPEC §5 Ack).
+so a group whose consumer group is created late loses nothing
+(docs/resharding.md#shards-created-before-the-group-set-existed).
 """
 
 from __future__ import annotations
@@ -208,8 +209,8 @@ async def drain_checks(
 async def write_fence(
     scripts: Scripts, keyspace: Keyspace, shard: ShardId, group: str, epoch: int, member_id: str
 ) -> tuple[bool, str]:
-    """Write the owner fence ``<epoch>:<member>``; refused when the current fence has a
-    newer (or equal, other member) epoch, or not written when the shard does not exist.
+    """Write the owner fence ``<token>:<member>``; refused when the current fence has a
+    newer (or equal, other member) token, or not written when the shard does not exist.
     Returns ``(written, fence now)``."""
     reply = await scripts.fence(
         keys=[keyspace.fence(shard, group), keyspace.stream(shard)], args=[epoch, member_id]

@@ -1,4 +1,4 @@
-"""Live resharding: the shell around ``core/migrations.py`` (PROTOCOL §6).
+"""Live resharding: the shell around ``core/migrations.py`` (docs/protocol.md#migrations).
 
 Two entry points, each a critical section on the stream's mutex (so any replica can
 pick a migration up after a crash, E2):
@@ -105,7 +105,7 @@ class Resharder:
                 # A scale-out commits its new shards PROVISIONING first (neither routable
                 # nor assignable; on the replicas before any key exists), then creates
                 # their keys, then makes them ACTIVE: no acknowledged publish can land on
-                # a key the committed layout does not know (PROTOCOL §6).
+                # a key the committed layout does not know (docs/protocol.md#migrations).
                 held.check()
                 new_rev = await self.store.commit_stream(rev, updated)
                 if new_rev is None:

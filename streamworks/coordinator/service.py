@@ -4,7 +4,7 @@ event loop and the in-process transport of ``TestRuntime``.
 The replica's parts, each a module named after its concept:
 
 * ``discipline.py`` — the write discipline: the local gate (E4), the Redis mutex and
-  the shielded critical section every mutation runs in (PROTOCOL §3);
+  the shielded critical section every mutation runs in (docs/protocol.md#write-discipline);
 * ``heartbeats.py`` — member heartbeats, the fast no-change road and the full one;
 * ``subscriptions.py`` — a group's consumer groups on the streams it subscribes to;
 * ``loop.py`` — the event loop: group timers and stream migrations;

@@ -1,7 +1,7 @@
 """The coordinator's state in Redis, and the write discipline around it.
 
 Everything here is a thin shell over Redis; decisions are the core's. Layout
-(PROTOCOL §2), all under the namespace's one control-plane hash tag:
+(docs/protocol.md#state-in-redis), all under the namespace's one control-plane hash tag:
 
 * ``group:<g>`` — a hash: ``rev`` (storeRevision), ``header`` (JSON), and one field
   per member ``m:<id>`` (JSON), so a heartbeat that changes one member writes one
@@ -204,7 +204,8 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
         return self.clock.offset_ms + self.time_skew_ms
 
     async def now_ms(self) -> int:
-        """Redis server time in ms: every deadline uses the same clock (PROTOCOL §1.5)."""
+        """Redis server time in ms: every deadline uses the same clock
+        (docs/protocol.md#principles)."""
         before = boottime()
         if self._cluster:
             seconds, micros = await self.redis.eval(_TIME_LUA, 1, self.keyspace.registry_groups())

@@ -1,4 +1,6 @@
-"""Streams: creation, live scaling, routing and their description (PROTOCOL §5, §6).
+"""Streams: creation, live scaling, routing and their description.
+
+See docs/protocol.md#producer-routing and docs/protocol.md#migrations.
 
 A stream is created in its critical section: its shard keys (with a consumer group
 for every group already registered on it, including groups whose members joined

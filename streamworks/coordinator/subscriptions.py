@@ -1,4 +1,4 @@
-"""A group's Redis consumer groups on the streams it subscribes to (PROTOCOL §4).
+"""A group's Redis consumer groups on the streams it subscribes to (docs/protocol.md#subscriptions).
 
 Before any shard of a stream is granted to a group, the group is recorded in the
 stream's subscription registry — the evidence that tells a new group from one whose

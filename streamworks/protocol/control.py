@@ -104,7 +104,7 @@ CLIENT_METRICS = "metrics"
 
 
 class HeartbeatRequest(_Request):
-    """A member's heartbeat (PROTOCOL §4).
+    """A member's heartbeat (docs/protocol.md#heartbeat).
 
     ``sequence`` numbers the member's requests: each new request takes the next number,
     a re-send of a request (the same body, to another replica after a timeout) keeps
@@ -145,7 +145,7 @@ class HeartbeatRequest(_Request):
 
 
 class ShardGrant(_Model):
-    """A shard the member may read now, under the owner fence ``<epoch>:<member id>``.
+    """A shard the member may read now, under the owner fence ``<token>:<member id>``.
 
     ``epoch`` is the grant's fence token (its name predates tokens): above every token
     the shard was granted under before, including before a loss of Redis writes; the
@@ -180,7 +180,7 @@ class RoutingShard(_Model):
 
 
 class RoutingResponse(_Model):
-    """Producer routing for one stream (PROTOCOL §5)."""
+    """Producer routing for one stream (docs/protocol.md#producer-routing)."""
 
     stream: str
     routing_version: int

@@ -49,7 +49,7 @@ class Keyspace:
         return f"{self.shard_tag(shard)}:stream"
 
     def fence(self, shard: ShardId, group: str) -> str:
-        """Owner fence of ``group`` on the shard: ``<grant epoch>:<member id>``."""
+        """Owner fence of ``group`` on the shard: ``<fence token>:<member id>``."""
         return f"{self.shard_tag(shard)}:fence:{group}"
 
     def read_hold(self, shard: ShardId) -> str:
@@ -125,7 +125,8 @@ class Keyspace:
 
     # The groups that must exist on a shard live in the shard's own slot, beside the
     # stream, so that trim.lua and retire.lua (which run in that slot, and cannot read
-    # the control plane on Cluster) refuse while one of them is missing (SPEC §5 Ack).
+    # the control plane on Cluster) refuse while one of them is missing
+    # (docs/resharding.md#shards-created-before-the-group-set-existed).
     # Written by shard_create.lua / group_create.lua / shard_groups.lua, cleared by
     # group_destroy.lua, each in the same script as the consumer-group change.
     #: Member of a shard's group set while the list is not final (a scale-out created

@@ -1,4 +1,4 @@
-"""The local deadlines of one assignment lease (SPEC §5 "Exclusive processing").
+"""The local deadlines of one assignment lease (docs/guarantees.md#exclusive-processing).
 
 After a successful heartbeat *sent* at ``sent`` (the member's monotonic clock), the
 coordinator expires the member no earlier than ``leaseTtl`` after it *received* that

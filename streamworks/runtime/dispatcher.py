@@ -18,10 +18,11 @@ parallelism grows exactly as far as handlers actually suspend.
 
 A message that must wait (a retry backoff, a retry record inherited from a crashed
 member) *parks*: it stays the head of its lane, later messages of that key wait
-behind it (SPEC §5: a retrying message holds back its shard/key, and only those), and
-a timer puts it back in the ready queue when it is due. Due times are on the worker's
-:class:`~streamworks.clock.Clock`; when the clock is advanced (``TestRuntime.advance``)
-every parked message is re-timed, so one whose due time has passed runs at once.
+behind it (a retrying message holds back its shard/key, and only those:
+docs/handlers.md#ordering-and-concurrency), and a timer puts it back in the ready
+queue when it is due. Due times are on the worker's :class:`~streamworks.clock.Clock`;
+when the clock is advanced (``TestRuntime.advance``) every parked message is re-timed,
+so one whose due time has passed runs at once.
 """
 
 from __future__ import annotations

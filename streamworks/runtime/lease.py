@@ -1,4 +1,4 @@
-"""The member's local assignment lease (E1, SPEC §5 "Exclusive processing").
+"""The member's local assignment lease (E1, docs/guarantees.md#exclusive-processing).
 
 A member may *start* handler runs on its shards only until a deadline counted from
 the send time of its last successful heartbeat (monotonic clock), and every run must

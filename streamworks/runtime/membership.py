@@ -13,7 +13,7 @@ applies the answer:
   run has ended (a sync run that outlives the old lease's fail-stop point exits the
   process), and only then rejoin with epoch 0 and the same member id: the rejoin
   renews the lease, and no run started under the old one may still be going then
-  (SPEC §5 "Exclusive processing"). ``SYNC_METADATA`` means Redis lost writes the
+  (docs/guarantees.md#exclusive-processing). ``SYNC_METADATA`` means Redis lost writes the
   member saw: what it holds was granted under metadata that is gone, and it gets its
   shards back only as fresh grants.
 

@@ -1,4 +1,6 @@
-"""Exclusive processing on the member's side (SPEC §5): no run outlives ownership.
+"""Exclusive processing on the member's side: no run outlives ownership.
+
+See docs/guarantees.md#exclusive-processing.
 
 A *run* is one call of a handler on one message, from its start to its end: for an
 ``async def`` handler the awaited call, for a plain ``def`` handler the worker

@@ -7,13 +7,15 @@ runs in two phases:
    and its own) with the fenced ``claim.lua``, looping on the ``XAUTOCLAIM``
    cursor, and hand them to the dispatcher first, each with the retry record that
    carries its attempt count across crashes; then prune consumers that own nothing.
-2. **live** — fenced ``read.lua`` of new entries; when there are none, the worker's
+2. **live** — fenced reads of new entries (the gate transaction: ``read_gate.lua``,
+   ``XREADGROUP``, ``read_ungate.lua`` in one ``MULTI``; ``read.lua`` only while a
+   Cluster slot migration refuses it); when there are none, the worker's
    idle waiter (``runtime/waiter.py``) waits for more with a plain ``XREAD`` from the
    last entry id, shared by every idle shard on a Redis node (``BLOCK`` is not allowed
    inside scripts on Redis <= 7.2, and a wait that does not read cannot steal entries
    from a newer owner).
 
-Every read is checked against the shard's owner fence inside the script, so a member
+Every read is checked against the shard's owner fence in the same step, so a member
 that lost the shard (e.g. paused past its lease) cannot pull entries into its pending
 list. Reads happen only while the local lease is valid, and a reply that arrives
 after the lease expired is not processed: its entries stay pending and the reader
@@ -177,9 +179,10 @@ class ShardReader:
         if idle_after is not None:
             # Nothing new at the last read: wait for an entry after the last one. The
             # wait reads nothing (a plain XREAD, no group), so it cannot take entries
-            # from anyone; the fenced read does, under a valid lease (SPEC §5): the wait
-            # ends before the lease does, and a lease lost meanwhile (fenced, shortened)
-            # interrupts it (interrupt_wait).
+            # from anyone; the fenced read does, under a valid lease
+            # (docs/protocol.md#fences-and-tokens): the wait ends before the lease does,
+            # and a lease lost meanwhile (fenced, shortened) interrupts it
+            # (interrupt_wait).
             left = self.worker.lease.remaining() - 0.05
             timeout = min(self._block_ms / 1000, left)
             if timeout <= 0:

@@ -8,9 +8,9 @@ A shard reader whose fenced read found nothing asks the worker's :class:`IdleWai
 to wake it when its stream has an entry after the last one it saw
 (:meth:`IdleWaiter.wait`). The waiter only *waits*: it reads with a plain ``XREAD``
 (no group), which cannot take entries from anybody, and the woken reader then runs
-its fenced read as usual (``read.lua``, checked against the owner fence under a valid
-lease). A spurious wake-up costs one fenced read; a missed one cannot happen, because
-every wait names the last entry id the reader saw.
+its fenced read as usual (the ``read_gate.lua`` transaction, checked against the owner
+fence under a valid lease). A spurious wake-up costs one fenced read; a missed one
+cannot happen, because every wait names the last entry id the reader saw.
 
 Per Redis node the waiter holds **one dedicated connection**, whatever the number of
 idle shards:

@@ -95,7 +95,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--redis-acl", default=False):
         # Helpers that read the environment (like STREAMWORKS_TEST_REDIS_URL) follow.
         os.environ["STREAMWORKS_TEST_REDIS_ACL"] = "1"
-    config.addinivalue_line("markers", "seed(id): traces a seed requirement E1..E24 (SPEC.md)")
+    config.addinivalue_line(
+        "markers", "seed(id): traces a seed requirement E1..E24 (docs/guarantees.md)"
+    )
     config.addinivalue_line(
         "markers", "cluster: also run on a Redis Cluster (streamworks_redis_url[cluster])"
     )

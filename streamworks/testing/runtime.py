@@ -478,7 +478,7 @@ class TestRuntime(RuntimeObservations):
     async def scale(
         self, stream: str, shards: int, *, wait: bool = True, timeout: float = 30.0
     ) -> None:
-        """Change ``stream``'s shard count with the real migration (PROTOCOL §6).
+        """Change ``stream``'s shard count with the real migration (docs/protocol.md#migrations).
 
         With ``wait`` (default), return once no shard is draining any more and the
         group's assignment has settled on the new layout. A scale-in completes only

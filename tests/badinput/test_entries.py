@@ -1,6 +1,6 @@
 """Stream entries a broken or foreign producer can write with ``XADD``: malformed
 envelopes, unknown format versions, fields of the wrong type, binary garbage, huge
-headers, payloads over the 64 MiB limit (SPEC §5 "Entry format", §9).
+headers, payloads over the 64 MiB limit (docs/reliability.md, docs/security.md).
 
 Every case ends as a dead letter with reason ``poison`` and the cause (never retried),
 or is handled as documented; the worker keeps running, and good messages published
@@ -206,7 +206,7 @@ async def test_payloads_over_64_mib_are_poison_and_64_mib_is_handled(
     streamworks_runtime: Callable[..., TestRuntime],
 ) -> None:
     """A 65 MiB payload written with XADD: Redis and Valkey accept it (their
-    ``proto-max-bulk-len`` is 512 MiB by default), the runtime refuses it (SPEC §9:
+    ``proto-max-bulk-len`` is 512 MiB by default), the runtime refuses it (docs/security.md:
     payloads over 64 MiB are refused) — on the fast path (``v t f`` first) and the
     field-by-field path alike — while exactly 64 MiB is handled."""
     app = App("badinput")

@@ -1,4 +1,4 @@
-"""Properties of ``parse_fields`` (the entry envelope, SPEC §5): whatever field list it
+"""Properties of ``parse_fields`` (the entry envelope, docs/reliability.md): whatever field list it
 is given, it returns a well-typed ``(payload, key, event_id, headers, published_at)``
 or raises ``DecodeError`` — never anything else, since anything else would escape the
 poison path. No Redis needed: this is the pure parser the reader runs on every entry.

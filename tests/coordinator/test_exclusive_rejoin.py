@@ -1,4 +1,4 @@
-"""A fenced member rejoins only once its runs ended (SPEC §5 "Exclusive processing").
+"""A fenced member rejoins only once its runs ended (docs/guarantees.md#exclusive-processing).
 
 In-process (``TestRuntime``): a heartbeat with a forced stale epoch is answered
 ``FENCED`` while a plain ``def`` handler runs. The member drops its shard but must not

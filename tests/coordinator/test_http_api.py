@@ -1,5 +1,6 @@
 """The coordinator's HTTP API (v1) over real HTTP: authentication, error shape, hostile
-bodies, discovery, health and metrics (PROTOCOL §7, SPEC §9)."""
+bodies, discovery, health and metrics (docs/protocol.md#http-api,
+docs/security.md)."""
 
 from __future__ import annotations
 

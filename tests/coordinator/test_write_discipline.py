@@ -1,6 +1,6 @@
-"""The write discipline (PROTOCOL §3): a restarted replica inherits only what Redis
-holds (E2), two replicas at once lose no update (E3), a terminating replica refuses new
-work and finishes what passed the gate (E4)."""
+"""The write discipline (docs/protocol.md#write-discipline): a restarted replica
+inherits only what Redis holds (E2), two replicas at once lose no update (E3), a
+terminating replica refuses new work and finishes what passed the gate (E4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Exclusive processing with real processes and slow handlers (SPEC §5, issue 10).
+"""Exclusive processing with real processes and slow handlers (issue 10).
+
+See docs/guarantees.md#exclusive-processing.
 
 Two workers of ``tests/e2e/apps/slow.py`` (2 shards, ``ordering="key"``) run jobs of
 seconds, async or sync, and record every run's start *and* end (a Redis sequence

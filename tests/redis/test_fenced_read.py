@@ -1,6 +1,7 @@
 """``Scripts.fenced_read``: ``read_gate.lua`` + ``XREADGROUP`` + ``read_ungate.lua`` in
-one ``MULTI``/``EXEC`` — the consume hot path's read (SPEC §5: a member whose ownership
-was taken away cannot pull new entries, even paused past its lease).
+one ``MULTI``/``EXEC`` — the consume hot path's read (docs/protocol.md#fences-and-tokens:
+a member whose ownership was taken away cannot pull new entries, even paused past its
+lease).
 
 Contract: ``(ENTRIES, entries)`` | ``(IDLE, last_entry_id)`` | ``(FENCED, current
 fence)`` | ``(RETIRED, None)`` | ``(UNCHECKED, the gate's error)``; ``NOGROUP`` raises.

@@ -279,7 +279,7 @@ async def test_the_unsealed_marker_does_not_hold_up_retirement(sh: Shard, redis:
     assert await sh.existing() == {sh.dedup, sh.other_shard}
 
 
-# -- repair of a lag that Redis < 7.4 lost on restart (PROTOCOL §6 step 2) ---------------
+# -- repair of a lag that Redis < 7.4 lost on restart (docs/protocol.md#migrations) ------
 
 
 async def forget_entries_read(redis: Any, stream: str, group: str) -> None:

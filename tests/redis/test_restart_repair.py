@@ -1,5 +1,5 @@
-"""Scale-in after a Redis restart (PROTOCOL §6 step 2): a server of our own with an
-AOF is restarted between the reads and the drain check.
+"""Scale-in after a Redis restart (docs/protocol.md#migrations, lag repair): a server of
+our own with an AOF is restarted between the reads and the drain check.
 
 Redis before 7.4 replays a group's reads from the AOF as ``XCLAIM … LASTID``, which
 does not count them: after the reload the group sits at the last entry with

@@ -1,4 +1,6 @@
-"""The groups that must exist on a shard, known in the shard's own slot (SPEC §5 Ack).
+"""The groups that must exist on a shard, known in the shard's own slot.
+
+See docs/resharding.md#shards-created-before-the-group-set-existed.
 
 shard_create.lua and group_create.lua write the shard's group set in the same script
 as the consumer groups; shard_groups.lua confirms it (drops '!unsealed') after a

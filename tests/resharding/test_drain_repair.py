@@ -1,5 +1,6 @@
 """A scale-in whose removed shard reports a wrong lag after a Redis < 7.4 restart
-(PROTOCOL §6 step 2), through the real coordinator's drain check: the check repairs
+(docs/protocol.md#migrations,
+the drain check), through the real coordinator's drain check: the check repairs
 the lag (counted in ``streamworks_drain_repairs_total``, named in the blocked reason)
 and retires the shard on a later check. ``tests/redis/test_restart_repair.py``
 produces the state with a real AOF reload; here it is set as the reload leaves it

@@ -1,4 +1,4 @@
-"""The lease's local deadlines and the run tracker (SPEC §5 "Exclusive processing")."""
+"""The lease's local deadlines and the run tracker (docs/guarantees.md#exclusive-processing)."""
 
 from __future__ import annotations
 

@@ -403,7 +403,8 @@ class GroupMachine(RuleBasedStateMachine):
             if old is None or not old.is_live or member.is_live:
                 continue
             # Fenced with a valid lease: its runs may go on until that lease would have
-            # expired, so its shards stay out of reach until then (SPEC §5).
+            # expired, so its shards stay out of reach until then
+            # (docs/guarantees.md#exclusive-processing).
             lease = self.leases.get(mid)
             if lease is not None and lease > self.now:
                 assert member.quarantined == old.held()

@@ -1,4 +1,4 @@
-"""The member heartbeat, as a pure step (PROTOCOL §4, KIP-848 §3 and §7).
+"""The member heartbeat, as a pure step (docs/protocol.md#heartbeat, KIP-848 §3 and §7).
 
 ``heartbeat(group, topology, request, now_ms, config)`` validates the request,
 applies it to the group and says what to write and answer:

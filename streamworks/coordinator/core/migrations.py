@@ -1,4 +1,4 @@
-"""Changing a stream's shard count: the pure decisions of a migration (PROTOCOL §6).
+"""Changing a stream's shard count: the pure decisions of a migration (docs/protocol.md#migrations).
 
 **Scale-out N → M** records shards ``N…M-1`` under a fresh incarnation as
 ``PROVISIONING`` (neither routable nor assignable); once that layout is committed and
@@ -50,7 +50,7 @@ __all__ = (
 
 
 class MigrationPhase(StrEnum):
-    """Where a stream's migration is (PROTOCOL §6 calls FENCING its ACTIVE phase)."""
+    """Where a stream's migration is (docs/protocol.md#migrations)."""
 
     NONE = "NONE"  # nothing draining: no migration, or the last one completed
     FENCING = "FENCING"  # draining shards exist; producers may still hold old routing

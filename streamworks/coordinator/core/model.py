@@ -116,7 +116,7 @@ class Member:
         expired_at_ms: when the record stopped being live (left, expired or fenced).
         quarantined: shards a FENCED tombstone still keeps from everyone else: the
             member was fenced while its lease was valid, so its handlers may still run
-            until that lease would have expired (SPEC §5 "Exclusive processing").
+            until that lease would have expired (docs/guarantees.md#exclusive-processing).
         quarantined_until_ms: when ``quarantined`` is released (the fenced member's
             lease expiry, Redis time); None when nothing is quarantined.
     """

@@ -1,8 +1,8 @@
 """Reconciliation of one member with its target (KIP-848 ``CurrentAssignmentBuilder``).
 
-A literal port of ``CurrentAssignmentBuilder.build`` (see
-``research/kip848.md`` §4), with shards for partitions and the ``holders`` map
-standing in for partition epochs:
+A literal port of Kafka's ``CurrentAssignmentBuilder.build`` (apache/kafka,
+``group-coordinator``; docs/protocol.md#epochs-and-reconciliation), with shards for
+partitions and the ``holders`` map standing in for partition epochs:
 
 * STABLE at the target epoch: nothing to do.
 * STABLE below the target epoch: compute the next step (:func:`_next`).

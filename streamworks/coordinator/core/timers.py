@@ -1,4 +1,4 @@
-"""The event loop's decisions, as pure steps (PROTOCOL §4 "Leases and timers").
+"""The event loop's decisions, as pure steps (docs/protocol.md#leases-and-timers).
 
 Every coordinator replica runs the loop; concurrent runs are safe because each
 step is applied under the store's mutex and compare-and-set, and each is
@@ -61,7 +61,7 @@ def fence_overdue_revocations(
     the group epoch is bumped once. Their shards (including the ones being revoked)
     are *quarantined*, not freed: such a member still holds a valid lease, so its
     handlers may still run until that lease would have expired, and nobody else may
-    receive the shards before then (SPEC §5 "Exclusive processing"). The quarantine
+    receive the shards before then (docs/guarantees.md#exclusive-processing). The quarantine
     ends at the member's recorded lease expiry (``leases``, Redis time ms) when it is
     known, else at ``now_ms + lease_ttl_ms`` — never earlier than the recorded expiry,
     since every renewal happened at or before now. :func:`release_quarantines` frees

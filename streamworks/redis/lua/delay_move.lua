@@ -17,7 +17,7 @@
 -- KEYS[2]  owner fence of the caller's group on the shard
 -- KEYS[3]  the shard's delayed set (zset: delay id -> due ms)
 -- KEYS[4]  the shard's delayed entries (hash: delay id -> packed fields)
--- ARGV[1]  grant token ("<epoch>:<member id>")
+-- ARGV[1]  grant token ("<fence token>:<member id>")
 -- ARGV[2]  clock offset ms (0 in production; tests fast-forward with it)
 -- ARGV[3]  most messages to move in this call
 --

@@ -9,7 +9,7 @@
 -- KEYS[1]  shard stream
 -- KEYS[2]  owner fence of the group on the shard
 -- ARGV[1]  group            ARGV[2]  consumer (member id)
--- ARGV[3]  grant token ("<epoch>:<member id>")
+-- ARGV[3]  grant token ("<fence token>:<member id>")
 -- ARGV[4]  COUNT
 --
 -- Returns  {1, entries}           new entries ([id, fields] pairs)

@@ -20,7 +20,7 @@
 -- KEYS[1]  shard stream
 -- KEYS[2]  owner fence of the group on the shard
 -- KEYS[3]  the shard's hold key
--- ARGV[1]  grant token ("<epoch>:<member id>")
+-- ARGV[1]  grant token ("<fence token>:<member id>")
 --
 -- Returns  {1, last_entry_id}   the read is the owner's ('0-0' when the stream is
 --                               empty; a caller that reads nothing waits for entries

@@ -11,7 +11,7 @@
 -- KEYS[1]  redelivery stream of the group on the shard
 -- KEYS[2]  owner fence of the group on the shard
 -- KEYS[3]  retry records of the redelivery stream (deleted with it)
--- ARGV[1]  group   ARGV[2]  grant token ("<epoch>:<member id>")
+-- ARGV[1]  group   ARGV[2]  grant token ("<fence token>:<member id>")
 --
 -- Returns  1 removed
 --          0 not empty (an entry, or one pending): kept

@@ -8,7 +8,7 @@
 --
 -- KEYS[1]  owner fence of the group on the shard
 -- KEYS[2]  retry records of the group on the shard (hash)
--- ARGV[1]  grant token ("<epoch>:<member id>")
+-- ARGV[1]  grant token ("<fence token>:<member id>")
 -- ARGV[2]  'set' | 'incr'
 -- ARGV[3]  field (entry id, or "<entry id>:runs")
 -- ARGV[4]  value ('set') or increment ('incr')

@@ -24,7 +24,7 @@
 -- KEYS[1]  owner fence of the group on the schedule shard
 -- KEYS[2]  the schedule's state (hash)
 -- KEYS[3]  the group's schedule names on the shard (set, for status)
--- ARGV[1]  grant token ("<epoch>:<member id>")
+-- ARGV[1]  grant token ("<fence token>:<member id>")
 -- ARGV[2]  clock offset ms (0 in production; tests fast-forward with it)
 -- ARGV[3]  'open' | 'plan' | 'claim' | 'reroute' | 'done'
 -- ARGV[4]  schedule name

@@ -7,7 +7,7 @@
 -- must exist on it: trim.lua and retire.lua refuse while one is missing). 'provisional'
 -- also adds the '!unsealed' marker, which makes trim.lua refuse until the coordinator
 -- has re-read the registry after committing the layout (shard_groups.lua): a group that
--- subscribed meanwhile is then on the list before anyone trims (scale-out, PROTOCOL §6).
+-- subscribed meanwhile is then on the list before anyone trims (scale-out, docs/protocol.md#migrations).
 --
 -- KEYS[1]  shard stream
 -- KEYS[2]  the shard's group set

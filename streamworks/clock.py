@@ -5,8 +5,12 @@ read through the worker's :class:`Clock`: member leases, routing leases, retry
 backoffs, the dispatcher's parks and the reader's error backoff are
 ``Clock.monotonic()``; retry records, retention cut-offs and dead-letter timestamps
 are ``Clock.time()`` (wall clock, shared with other members); coordinator deadlines
-are Redis server time plus :attr:`Clock.offset_ms`. What bounds real work stays in
-real time: handler timeouts, the shutdown timeout, connection attempts.
+are Redis server time plus :attr:`Clock.offset_ms`; the coordinator's loop, its sleeps
+and backoffs are its ``Clock``'s too. What bounds real work stays in real time: handler
+timeouts, the shutdown timeout, connection attempts; what Redis times itself (a mutex's
+TTL, the brackets of a ``TIME`` reading) is measured with :func:`boottime`. Ruff's
+banned-API rule (``pyproject.toml``) keeps ``time.monotonic``, ``time.time`` and
+``anyio.sleep`` out of the coordinator and the runtime.
 
 ``Clock.monotonic()`` counts the time a host spends suspended (:func:`boottime`):
 ``time.monotonic()`` stops while a laptop, a VM or a container host sleeps, and a

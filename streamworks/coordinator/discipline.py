@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 
 import anyio
 
+from streamworks.clock import boottime
 from streamworks.coordinator.store import Conflict, MutexHold, Store, Terminating
 
 __all__ = ("Exclusion", "MutexLost", "WriteDiscipline")
@@ -65,7 +65,7 @@ class Exclusion:
     async def renew(self) -> bool:
         """Extend the mutex if it is still ours (``mutex_renew.lua``); whether it was.
         Marks it lost when it was not."""
-        sent = time.monotonic()
+        sent = boottime()
         ours = await self._store.scripts.mutex_renew(
             keys=[self.key], args=[self.token, max(1, int(self.ttl * 1000))]
         )
@@ -88,7 +88,7 @@ class Exclusion:
         self.check()
 
     def confirm(self, sent: float) -> None:
-        """The mutex was extended by a request sent at ``sent`` (``time.monotonic()``)."""
+        """The mutex was extended by a request sent at ``sent`` (``boottime()``)."""
         self._valid_until = max(self._valid_until, sent + self.ttl * (1 - _MARGIN))
         self.renewals += 1
 
@@ -96,7 +96,7 @@ class Exclusion:
         """Raise :class:`MutexLost` unless the mutex is still known to be ours."""
         if self.lost:
             raise MutexLost(f"{self.key}: the mutex was taken over; the operation stopped")
-        if time.monotonic() > self._valid_until:
+        if boottime() > self._valid_until:
             raise MutexLost(f"{self.key}: the mutex could not be renewed in time; stopped")
 
 
@@ -175,7 +175,7 @@ class WriteDiscipline:
         """Extend ``held`` every third of its TTL while it is ours; mark it lost when it
         is not (never raises: the body decides, through :meth:`Exclusion.check`)."""
         while not held.lost:
-            await anyio.sleep(held.ttl / 3)
+            await self.store.clock.sleep(held.ttl / 3)
             try:
                 await held.renew()
             except Exception as e:  # a failed renewal: the next may succeed in time

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 from typing import Any
 
 from redis.asyncio import RedisCluster
@@ -112,7 +111,7 @@ class ActiveLagRepair:
     async def _servers_lose_counter(self) -> bool:
         if self.needed is not None:
             return self.needed
-        now = time.monotonic()
+        now = self.store.clock.monotonic()
         if now - self._asked_at >= SERVER_RECHECK or self._lossy is None:
             self._asked_at = now
             self._lossy = await self._ask_servers()
@@ -138,7 +137,7 @@ class ActiveLagRepair:
     async def maybe_repair(self, name: str, meta: StreamMeta) -> int:
         """Repair the ACTIVE shards of ``name`` when its pass is due and needed; the
         number of shards repaired."""
-        now = time.monotonic()
+        now = self.store.clock.monotonic()
         if now - self._last.get(name, -self.interval) < self.interval:
             return 0
         self._last[name] = now

@@ -18,11 +18,10 @@ work only for the groups and streams where something can be due.
 from __future__ import annotations
 
 import logging
-import time
 
-import anyio
 from redis.exceptions import RedisError
 
+from streamworks.clock import boottime
 from streamworks.coordinator.core import CoreConfig, Group
 from streamworks.coordinator.core.changes import TimerResult
 from streamworks.coordinator.core.model import Topology
@@ -241,7 +240,7 @@ class EventLoop:
                 self._warning(str(e))
             except (OSError, RedisError) as e:
                 self._warning(f"Redis unavailable: {e}")
-            await anyio.sleep(self.sleep_time(self.interval))
+            await self.store.clock.sleep(self.sleep_time(self.interval))
 
     def sleep_time(self, interval: float) -> float:
         """Until the next loop turn: ``interval``, or less when a lease runs out
@@ -257,7 +256,7 @@ class EventLoop:
 
     def _warning(self, message: str) -> None:
         """Log a loop problem at most once per 30 s (the loop runs every interval)."""
-        now = time.monotonic()
+        now = boottime()
         if now - self._warned.get(message, -_WARN_EVERY) >= _WARN_EVERY:
             if len(self._warned) > 1000:
                 self._warned.clear()

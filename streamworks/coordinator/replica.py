@@ -15,7 +15,6 @@ expires and frees nothing (fail safe; logged and counted).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping
 
 from streamworks.clock import Clock, boottime
@@ -69,7 +68,7 @@ class ReplicaState:
         """Redis time now, estimated from the last time seen (ms, with the offset)."""
         redis_ms, at = self._redis_time
         if not redis_ms:
-            redis_ms, at = int(time.time() * 1000), boottime()
+            redis_ms, at = self.clock.time_ms() - self.clock.offset_ms, boottime()
         return redis_ms + int((boottime() - at) * 1000) + self.clock.offset_ms
 
     def observe_time(self, reading: ClockReading) -> None:

@@ -28,7 +28,6 @@ count is taken per master, since each write waits on the node it went to.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +36,7 @@ import anyio
 from redis.asyncio import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from streamworks.clock import boottime
 from streamworks.exceptions import CoordinatorError
 from streamworks.redis.cluster import node_for_key
 from streamworks.redis.scripts import ScriptCall, Scripts
@@ -142,13 +142,13 @@ class ReplicaWaits:
         """Replicas a write to ``node`` waits for now."""
         if self.count is not None:
             return self.count
-        if time.monotonic() - self._checked >= self.check_interval or (node not in self._required):
+        if boottime() - self._checked >= self.check_interval or (node not in self._required):
             await self._count_replicas()
         return self._required.get(node, 0)
 
     async def _count_replicas(self) -> None:
         async with self._checking:
-            if time.monotonic() - self._checked < self.check_interval / 2:
+            if boottime() - self._checked < self.check_interval / 2:
                 return  # counted by another task meanwhile
             try:
                 if self._cluster:
@@ -162,9 +162,9 @@ class ReplicaWaits:
             except ResponseError as e:
                 # Refused (an ACL user without INFO): the writes cannot know what to
                 # wait for, and go on without waiting. Said loudly, not guessed silently.
-                self._checked = time.monotonic()
-                if time.monotonic() - self._refusal_logged >= _REPORT_EVERY:
-                    self._refusal_logged = time.monotonic()
+                self._checked = boottime()
+                if boottime() - self._refusal_logged >= _REPORT_EVERY:
+                    self._refusal_logged = boottime()
                     log.error(
                         "cannot count the replicas (INFO replication refused: %s): "
                         "control-plane writes do NOT wait for replicas; grant the "
@@ -181,7 +181,7 @@ class ReplicaWaits:
             if counted != self._required:
                 log.info("replicas in sync per node: %s", counted or "none")
             self._required = counted
-            self._checked = time.monotonic()
+            self._checked = boottime()
 
     def node_of(self, key: Arg) -> str:
         """The node a key's writes go to (its name; one name on a single server)."""

@@ -22,9 +22,9 @@ asks Redis for evidence and deletes a key that is proven drained.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 
+from streamworks.clock import boottime
 from streamworks.coordinator import provision
 from streamworks.coordinator.core.migrations import (
     MigrationPhase,
@@ -276,6 +276,6 @@ class Resharder:
 
     def _log_blocked(self, name: str, shard: str, reason: str) -> None:
         last = self._logged.get(shard, 0.0)
-        if time.monotonic() - last > 30:
-            self._logged[shard] = time.monotonic()
+        if boottime() - last > 30:
+            self._logged[shard] = boottime()
             log.info("stream %s: %s not drained yet: %s", name, shard, reason)

@@ -35,7 +35,6 @@ import contextlib
 import itertools
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -121,7 +120,8 @@ class Terminating(CoordinatorError):
 @dataclass(frozen=True, slots=True)
 class MutexHold:
     """A mutex :meth:`Store.mutex` took: ``key`` holds ``token`` until at least
-    ``sent + ttl`` (``time.monotonic()``; ``sent``: when the winning ``SET`` left)."""
+    ``sent + ttl`` (:func:`~streamworks.clock.boottime`: the TTL runs in Redis, in real
+    time; ``sent``: when the winning ``SET`` left)."""
 
     key: str
     token: str
@@ -261,17 +261,17 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
             MutexTimeout: still taken after ``mutex_wait`` seconds.
         """
         token = secrets.token_hex(8)
-        deadline = time.monotonic() + self._mutex_wait
+        deadline = boottime() + self._mutex_wait
         delay = 0.001
-        sent = time.monotonic()
+        sent = boottime()
         while not await self.redis.set(key, token, nx=True, px=self._mutex_ms):
             if self.on_contended is not None:
                 self.on_contended(key)
-            if time.monotonic() > deadline:
+            if boottime() > deadline:
                 raise MutexTimeout(f"{key} stayed locked for {self._mutex_wait}s")
-            await anyio.sleep(delay)  # backoff against a lock held in another process
+            await self.clock.sleep(delay)  # backoff against a lock held in another process
             delay = min(delay * 2, 0.05)
-            sent = time.monotonic()
+            sent = boottime()
         try:
             yield MutexHold(key, token, self._mutex_ms / 1000, sent)
         finally:
@@ -287,7 +287,7 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
     def unavailable(self, message: str) -> MetadataUnavailable:
         """The fail-closed error for ``message`` (E21), logged so an operator sees what
         is missing: once per problem per 10 s, however many members keep retrying."""
-        now = time.monotonic()
+        now = boottime()
         if now - self._reported.get(message, -_REPORT_EVERY) >= _REPORT_EVERY:
             if len(self._reported) > 1000:
                 self._reported.clear()

@@ -156,7 +156,7 @@ async def _ensure_stream(
                 raise
             # Where and why (e.message names the URLs tried), so a wrong URL shows.
             log.warning("coordinator not ready: %s; retrying in %.1fs", e, delay)
-            await anyio.sleep(delay)
+            await anyio.sleep(delay)  # noqa: TID251 -- bounded by a real startup timeout
             delay = min(delay * 2, 2.0)
             continue
         if not info.created and info.shard_count != shards:

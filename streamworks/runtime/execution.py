@@ -33,12 +33,12 @@ import types
 from bisect import bisect_left
 from collections.abc import Awaitable
 from contextlib import nullcontext
-from time import get_clock_info, monotonic, perf_counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
 from redis.exceptions import RedisError
 
+from streamworks.clock import boottime
 from streamworks.exceptions import DecodeError, Retry, Skip
 from streamworks.middleware import HandlingChain
 from streamworks.runtime.dead_letter import (
@@ -184,8 +184,8 @@ class HandlerRuntime:
         lease = self._lease
         clock = lease.clock
         # lease.valid() inlined: one clock read per side of the run, each serving both
-        # the lease check and the duration where the clocks are one (_ONE_CLOCK); the
-        # offset is re-read after the run, so a clock advanced meanwhile is seen.
+        # the lease check and the duration (both boottime); the offset is re-read
+        # after the run, so a clock advanced meanwhile is seen.
         now = _monotonic()
         if not reader.accepting or now + clock.offset >= lease.deadlines.start_until:
             # Revoked, or the lease ran out while it was queued (e.g. the process was
@@ -201,7 +201,7 @@ class HandlerRuntime:
                 return self._dead_letter(message, "poison", str(e))
             started = _perf_counter()  # the run is timed from after the decoding
         else:
-            started = now if _ONE_CLOCK else _perf_counter()
+            started = now
         try:
             call = self._fn(value) if self._value_only else self._invoke(value, message)
             if type(call) is not types.CoroutineType:
@@ -237,7 +237,7 @@ class HandlerRuntime:
                 return self._handler_raised(message, e)
         # lease.held(), inlined: a run that ended after the lease expired (the process
         # was paused) is not this member's to settle (ownership.py).
-        if (ended if _ONE_CLOCK else _monotonic()) + clock.offset >= lease.deadlines.expires_at:
+        if ended + clock.offset >= lease.deadlines.expires_at:
             self._dropped(message)  # it stays pending for the next owner
             return None
         self.statistics.handled += 1
@@ -589,12 +589,11 @@ class HandlerRuntime:
 _CLAIMED = object()
 #: :meth:`HandlerRuntime._before_run`: nothing settled the message, run it.
 _RUN = object()
-# Durations for the metrics are real elapsed time, not the worker's (movable) clock.
-_perf_counter = perf_counter
 # The worker's clock is this plus its offset (clock.py), read inline on the hot path.
-_monotonic = monotonic
-#: Whether perf_counter() reads the same clock as monotonic() (Linux, macOS): one
-#: reading then times a run and checks its lease.
-_ONE_CLOCK = (
-    get_clock_info("perf_counter").implementation == get_clock_info("monotonic").implementation
-)
+# It must be boottime, which the lease's deadlines are on: time.monotonic() stops while
+# the host is suspended, and a lease check on it would start runs after the lease ran
+# out on a host that was ever suspended.
+_monotonic = boottime
+# Durations for the metrics are real elapsed time, not the worker's (movable) clock:
+# boottime too, so one reading per side of a run times it and checks its lease.
+_perf_counter = boottime

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from streamworks.clock import boottime
 
 if TYPE_CHECKING:
     from streamworks.runtime.message import Message
@@ -69,7 +70,7 @@ class TracebackLog:
         group: str,
         handler: str,
         interval: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = boottime,
     ) -> None:
         self.group = group
         self.handler = handler

@@ -150,7 +150,8 @@ class CoordinatorAssignment:
                 if not e.retryable and e.code not in ("COORDINATOR_UNAVAILABLE",):
                     # E21: fail closed; keep asking, an operator has to act.
                     backoff = min(backoff * 2, self._interval)
-                await anyio.sleep(min(backoff, self._interval))
+                # On the worker's clock: TestRuntime.advance ends the backoff.
+                await worker.clock.sleep(min(backoff, self._interval))
                 backoff = min(backoff * 2, self._interval)
                 continue
             backoff = 0.05

@@ -34,7 +34,6 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import anyio
 from redis.exceptions import RedisError
 
 from streamworks.protocol.shards import ShardId
@@ -163,7 +162,7 @@ class Redelivery:
     async def run(self) -> None:
         """Poll forever; cancel to stop."""
         while True:
-            await anyio.sleep(self.interval)
+            await self.worker.clock.sleep(self.interval)
             try:
                 await self.poll()
             except (RedisError, OSError) as e:

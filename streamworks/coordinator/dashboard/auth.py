@@ -62,7 +62,12 @@ class DashboardAuth:
             they expire on the wall clock, not a replica's monotonic one).
     """
 
-    def __init__(self, settings: Settings, now: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        # Real wall time on purpose: every replica checks the session cookies it signed.
+        now: Callable[[], float] = time.time,  # noqa: TID251
+    ) -> None:
         secrets_ = (settings.viewer_token, settings.token, settings.admin_token)
         self._tokens = [s.get_secret_value().encode() for s in secrets_ if s is not None]
         # The credential of topology changes, as the API has it (http.py).

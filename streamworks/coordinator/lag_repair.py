@@ -48,6 +48,7 @@ from streamworks.coordinator.store import Store
 from streamworks.protocol.control import ShardGroupInfo
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.redis_py import slot_map_stale
 
 __all__ = ("REPAIR_INTERVAL", "SERVER_RECHECK", "ActiveLagRepair", "loses_entries_read")
 
@@ -121,7 +122,7 @@ class ActiveLagRepair:
         redis = self.store.redis
         try:
             if isinstance(redis, RedisCluster):
-                if redis._initialize:  # the node list is loaded on first use
+                if slot_map_stale(redis):  # the node list is loaded on first use
                     await redis.initialize()
                 # Every node the client knows, replicas too where it lists them.
                 raw = await redis.execute_command("HELLO", target_nodes=redis.get_nodes())

@@ -24,6 +24,7 @@ from redis.asyncio.cluster import ClusterNode, ClusterPipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from streamworks.redis.redis_py import reload_slot_map
 from streamworks.settings import Settings
 
 __all__ = (
@@ -109,10 +110,10 @@ class _WaitingPipeline(ClusterPipeline):
         try:
             replies = await super().execute(raise_on_error, redirections)
         except RedisCluster.ERRORS_ALLOW_RETRY:
-            self.cluster_client._initialize = True  # the next command reloads the slot map
+            reload_slot_map(self.cluster_client)  # the next command reloads the slot map
             raise
         if any(isinstance(r, RedisCluster.ERRORS_ALLOW_RETRY) for r in replies):
-            self.cluster_client._initialize = True  # a reply lost with its connection
+            reload_slot_map(self.cluster_client)  # a reply lost with its connection
         return list(replies)
 
 

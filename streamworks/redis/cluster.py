@@ -45,6 +45,7 @@ from redis.exceptions import (
 )
 
 from streamworks.redis.client import _HOLDING
+from streamworks.redis.redis_py import reload_slot_map, slot_map_stale
 from streamworks.redis.wire import Arg, Atomic, Command, fold_replies, pack, pack_command
 
 __all__ = ("command_key", "node_for_key", "run_cluster_batch")
@@ -192,7 +193,7 @@ async def _run(
                     waited[item.index] = write.waited
         if must_pause:
             if reload:
-                cluster._initialize = True  # a failover may be under way: reload the map
+                reload_slot_map(cluster)  # a failover may be under way: reload the map
             await anyio.sleep(pause)
             pause = min(pause * 2, _MAX_PAUSE)
             await _refresh_if_needed(cluster)
@@ -247,7 +248,7 @@ async def _send(
             # replica promoted). Not after a cancellation (a wait cut short, a worker
             # stopping): nothing is known about the node then, and redis-py's aclose()
             # closes nothing while the reload is pending (its connections would leak).
-            cluster._initialize = True
+            reload_slot_map(cluster)
             write.error = e
             return
         raise
@@ -272,14 +273,14 @@ def _route(cluster: RedisCluster, command: Command) -> ClusterNode:
 def _node_at(cluster: RedisCluster, host: str, port: int) -> ClusterNode:
     node = cluster.nodes_manager.get_node(host=host, port=port)
     if node is None:  # a node the map does not know yet: reload, then look again
-        cluster._initialize = True
+        reload_slot_map(cluster)
         return cluster.get_default_node()
     return node
 
 
 async def _refresh_if_needed(cluster: RedisCluster) -> None:
     # redis-py's own flag: set by its commands and by ours after a connection error.
-    if cluster._initialize:
+    if slot_map_stale(cluster):
         await cluster.initialize()
 
 

@@ -39,6 +39,7 @@ from anyio.abc import TaskGroup
 from redis.asyncio import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
+from streamworks.redis.redis_py import reload_slot_map
 from streamworks.redis.wire import call, pack
 
 __all__ = ("IdleWaiter",)
@@ -295,7 +296,7 @@ class IdleWaiter:
             raise
         for key, reply in zip(keys, replies, strict=True):
             if isinstance(reply, ResponseError):
-                self._redis._initialize = True  # the slot moved: reload the map
+                reload_slot_map(self._redis)  # the slot moved: reload the map
                 self._wake(node, key)
             elif reply:
                 self._wake(node, key)

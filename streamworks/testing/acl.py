@@ -25,6 +25,7 @@ from redis.asyncio import RedisCluster
 
 from streamworks.redis.acl import ROLES, Role, setuser_command
 from streamworks.redis.client import seed_urls
+from streamworks.redis.redis_py import slot_map_stale
 
 __all__ = (
     "AclRefusals",
@@ -51,7 +52,7 @@ async def on_every_node(admin: Any, *command: Any) -> list[Any]:
     """Run ``command`` on the server, or on every node of a cluster (ACL state is per
     node); the replies, one per node."""
     if isinstance(admin, RedisCluster):
-        if admin._initialize:  # the node list is loaded on first use
+        if slot_map_stale(admin):  # the node list is loaded on first use
             await admin.initialize()
         replies = await admin.execute_command(*command, target_nodes=admin.get_nodes())
         return list(replies.values()) if isinstance(replies, dict) else [replies]

@@ -22,6 +22,7 @@ from redis.asyncio.cluster import ClusterPipeline
 
 from streamworks.clock import Clock
 from streamworks.coordinator.http import QuietServer, create_api
+from streamworks.coordinator.http_heartbeat import HeartbeatRoute
 from streamworks.coordinator.service import CoordinatorService
 from streamworks.exceptions import CoordinatorError, CoordinatorUnavailableError
 from streamworks.protocol.control import (
@@ -156,15 +157,20 @@ async def open_service(
 
 @contextlib.asynccontextmanager
 async def serve_api(
-    service: CoordinatorService, *, log_level: str = "warning"
+    service: CoordinatorService, *, log_level: str = "warning", heartbeat_route: bool = True
 ) -> AsyncIterator[str]:
     """Serve ``create_api(service)`` with uvicorn on 127.0.0.1; yields the base URL.
-    uvicorn's records propagate to the root logger (no logging config of its own)."""
+    uvicorn's records propagate to the root logger (no logging config of its own).
+    ``heartbeat_route=False`` leaves the heartbeat to the framework's declared route
+    (without the ``http_heartbeat.py`` fast path in front of it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    api = create_api(service)
+    if not heartbeat_route:  # the middleware stack is built on the first request
+        api.user_middleware = [m for m in api.user_middleware if m.cls is not HeartbeatRoute]
     config = uvicorn.Config(
-        create_api(service),
+        api,
         host="127.0.0.1",
         port=port,
         log_level=log_level,

@@ -16,11 +16,12 @@ one stopped (``lifespan=False`` runs neither).
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,19 +240,16 @@ class TestRuntime(RuntimeObservations):
         self._attach_app = attach
         self._http = http
         self._run_lifespan = lifespan
-        self._lifespan: Any = None
         if acl is None:
             acl = os.environ.get("STREAMWORKS_TEST_REDIS_ACL", "") not in ("", "0")
         self._acl = acl
-        self._users: Any = None  # open_role_users(...) while acl
         self._role_clients: dict[str, Any] = {}
         self.clock = Clock()
         #: Fail-stops of in-process workers (reasons): a worker process would have exited.
         self.fail_stops: list[str] = []
         self._server: EmbeddedRedis | None = None
         self._tg: TaskGroup | None = None
-        self._attach: Any = None
-        self._connection_cm: Any = None
+        self._stack: contextlib.AsyncExitStack | None = None
         self.redis: Any = None
         self.service: CoordinatorService | None = None
         #: How members and the app reach the coordinator (a test may wrap it, e.g. to
@@ -265,125 +263,118 @@ class TestRuntime(RuntimeObservations):
 
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> TestRuntime:
+        # Everything opened is registered on one exit stack as it is opened, so a failure
+        # anywhere unwinds exactly what was opened, innermost first (as the task group's
+        # and the connections' cancel scopes require), and every exit runs even when an
+        # earlier one raised: a worker task that crashed has cancelled this very task
+        # through the task group, so the first await of the unwinding raises, and
+        # skipping the rest would hide the worker's error (raised by the task group's
+        # exit) and leak the server and the keys.
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            await self._open(stack)
+        except BaseException:
+            await stack.aclose()  # may raise a worker's error instead
+            raise
+        self._stack = stack
+        return self
+
+    async def _open(self, stack: contextlib.AsyncExitStack) -> None:
+        # Released last, shielded: a cancelled test still deletes its keys and servers.
+        stack.push_async_callback(_shielded, self._release_redis)
         if self._redis_url is None:
             self._server = EmbeddedRedis().start()
             self._redis_url = self._server.url
         self.settings = self.settings.with_overrides(redis_url=self._redis_url)
         self.redis = create_redis(self.settings)
         if self._acl:
-            self._users = open_role_users(self.redis, self._redis_url, self.settings.key_prefix)
-            users = await self._users.__aenter__()
-            self._role_clients = {
-                role: create_redis(self.settings.with_overrides(redis_url=url))
-                for role, url in users.urls.items()
-            }
+            role_users = open_role_users(self.redis, self._redis_url, self.settings.key_prefix)
+            users = await role_users.__aenter__()
+            # Exited as after a clean run whatever happened, so that the check of the
+            # ACL LOG runs: AclRefusals when Redis refused one of the users a command.
+            stack.push_async_callback(_shielded, role_users.__aexit__, None, None, None)
+            for role, url in users.urls.items():
+                client = create_redis(self.settings.with_overrides(redis_url=url))
+                self._role_clients[role] = client
+                stack.push_async_callback(_shielded, client.aclose)
         self.service = CoordinatorService(
             self._client("coordinator"), self.settings, clock=self.clock
         )
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
-        try:
-            self._tg.start_soon(self.service.run_loop)
-            if self._http:
-                await self._tg.start(self._serve_http)
-                assert self.http_url is not None
-                self.coordinator = CoordinatorClient(
-                    [self.http_url],
-                    token=_secret(self.settings.token),
-                    admin_token=_secret(self.settings.admin_token),
-                )
-            else:
-                # The service is the in-process transport's API (checked by mypy).
-                service: CoordinatorApi = self.service
-                self.coordinator = LocalTransport(service)
-            self._connection_cm = open_connection(
+        stack.push_async_callback(_shielded, self._close_coordinator)
+        self._tg = await stack.enter_async_context(anyio.create_task_group())
+        # Exited first of the two: cancel what still runs (the loop, the HTTP server),
+        # then the task group's exit raises what a worker crashed with, if one did.
+        stack.callback(self._tg.cancel_scope.cancel)
+        self._tg.start_soon(self.service.run_loop)
+        if self._http:
+            await self._tg.start(self._serve_http)
+            stack.push_async_exit(self._stop_http)
+            assert self.http_url is not None
+            self.coordinator = CoordinatorClient(
+                [self.http_url],
+                token=_secret(self.settings.token),
+                admin_token=_secret(self.settings.admin_token),
+            )
+        else:
+            # The service is the in-process transport's API (checked by mypy).
+            service: CoordinatorApi = self.service
+            self.coordinator = LocalTransport(service)
+        self.connection = await stack.enter_async_context(
+            open_connection(
                 self.app,
                 self.settings,
                 redis=self._client("producer"),
                 coordinator=self.coordinator,
                 clock=self.clock,
             )
-            self.connection = await self._connection_cm.__aenter__()
-            if self._attach_app:
-                self._attach = self.app.attached(self.connection)
-                await self._attach.__aenter__()
-            if self._run_lifespan:
-                lifespan = open_lifespan(
-                    self.app, shutdown_timeout=self.settings.worker.shutdown_timeout
-                )
-                await lifespan.__aenter__()
-                self._lifespan = lifespan
-            for _ in range(self._n_workers):
-                await self.add_worker(wait=False)
-            if self._n_workers:
-                await self.wait_assigned()
-        except BaseException:
-            await self.__aexit__(None, None, None)
-            raise
-        return self
+        )
+        if self._attach_app:
+            await stack.enter_async_context(self.app.attached(self.connection))
+        if self._run_lifespan:
+            await stack.enter_async_context(
+                open_lifespan(self.app, shutdown_timeout=self.settings.worker.shutdown_timeout)
+            )
+        stack.push_async_callback(self._stop_workers)
+        for _ in range(self._n_workers):
+            await self.add_worker(wait=False)
+        if self._n_workers:
+            await self.wait_assigned()
 
     async def __aexit__(self, *exc: object) -> None:
-        # Every step runs even when an earlier one raised: a worker task that crashed
-        # has cancelled this very task through the task group, so the first await
-        # below raises, and skipping the rest would hide the worker's error (raised by
-        # the task group's exit) and leak the server and the keys. The nested context
-        # managers are exited innermost first, as their cancel scopes require.
-        tg, self._tg = self._tg, None
-        error: BaseException | None = None
-        try:
+        # Unwound as after a clean block: the test's own error is not the task group's
+        # (which would wrap it in an ExceptionGroup); it propagates after this returns.
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def _stop_workers(self) -> None:
+        """Stop every worker as SIGTERM would (finish, ack, leave), in bounded time."""
+        for slot in self.slots:
+            if not slot.done.is_set():
+                slot.worker.request_stop()
+        with anyio.move_on_after(self.settings.worker.shutdown_timeout + 5):
             for slot in self.slots:
-                if not slot.done.is_set():
-                    slot.worker.request_stop()
-            if tg is not None:
-                with anyio.move_on_after(self.settings.worker.shutdown_timeout + 5):
-                    for slot in self.slots:
-                        await slot.done.wait()
-        except BaseException as e:
-            error = e
-        for name in ("_lifespan", "_attach", "_connection_cm"):
-            cm = getattr(self, name)
-            setattr(self, name, None)
-            if cm is not None:
-                try:
-                    await cm.__aexit__(None, None, None)
-                except BaseException as e:
-                    error = error or e
-        if self._http_server is not None and error is None:
-            # A graceful stop closes the listening socket; a cancel would not.
+                await slot.done.wait()
+
+    async def _stop_http(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        """Stop the HTTP server gracefully: that closes its listening socket, a cancel
+        would not. After an error the task group's cancellation stops it."""
+        if exc is None and self._http_server is not None:
             self._http_server.should_exit = True
             with anyio.move_on_after(5):
                 await self._http_done.wait()
-        try:
-            if tg is not None:
-                tg.cancel_scope.cancel()
-                # Raises what a worker crashed with (an ExceptionGroup), if one did; a
-                # cancellation the task group itself caused is swallowed here.
-                if error is None:
-                    await tg.__aexit__(None, None, None)
-                elif not await tg.__aexit__(type(error), error, error.__traceback__):
-                    raise error
-            elif error is not None:
-                raise error
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._release()
+        return False
 
     def _client(self, role: str) -> Any:
         """The Redis client of ``role``'s component (the default user's without acl)."""
         return self._role_clients.get(role, self.redis)
 
-    async def _release(self) -> None:
+    async def _close_coordinator(self) -> None:
+        self._tg = None
         if self.coordinator is not None:
             await self.coordinator.aclose()
-        clients, self._role_clients = self._role_clients, {}
-        for client in clients.values():
-            await client.aclose()
-        users, self._users = self._users, None
-        try:
-            if users is not None:
-                await users.__aexit__(None, None, None)  # AclRefusals: Redis refused one
-        finally:
-            await self._release_redis()
+        self._role_clients = {}
 
     async def _release_redis(self) -> None:
         if self.redis is not None:
@@ -557,6 +548,13 @@ class TestRuntime(RuntimeObservations):
             for s in info.shards
             if s.state != "RETIRED"
         ]
+
+
+async def _shielded(release: Callable[..., Awaitable[object]], *args: Any) -> None:
+    """``await release(*args)``, shielded from cancellation: what a cancelled test
+    opened is closed all the same."""
+    with anyio.CancelScope(shield=True):
+        await release(*args)
 
 
 def _secret(value: Any) -> str | None:

@@ -29,15 +29,25 @@ class StatusReport:
     def __init__(self, store: Store, streams: Streams) -> None:
         self.store = store
         self.streams = streams
+        #: group -> its answer without leases at one revision (see :meth:`group_info`).
+        self._at_revision: dict[str, tuple[int, GroupInfo]] = {}
 
     async def group_info(self, group_id: str, *, dead_letters: bool = True) -> GroupInfo:
         """The group as recorded, with each member's lease (and its dead letters per
         stream); ``NOT_FOUND`` if absent."""
         loaded = await self.store.load_group(group_id)
         if loaded.group is None:
+            self._at_revision.pop(group_id, None)
             raise CoordinatorError("NOT_FOUND", f"group {group_id!r} does not exist", status=404)
+        # Everything but the leases follows from the group at its revision: built once
+        # per revision (a commit moves it), so a status read of a stable 10,000-member
+        # group only re-reads the leases, which renewals move without a commit.
+        cached = self._at_revision.get(group_id)
+        if cached is None or cached[0] != loaded.rev:
+            cached = (loaded.rev, _group_info(loaded.group, {}, 0))
+            self._at_revision[group_id] = cached
         leases = await self.store.lease_expiries(group_id)
-        info = _group_info(loaded.group, leases, loaded.now_ms)
+        info = _with_leases(cached[1], leases, loaded.now_ms)
         return (await self._with_dead_letters([info]))[0] if dead_letters else info
 
     async def status(self, *, positions: bool = True) -> StatusResponse:
@@ -130,6 +140,17 @@ def _group_info(group: Group, leases: Mapping[str, int], now_ms: int) -> GroupIn
         subscriptions=sorted(live_subscriptions(group.members.values())),
         members=[_member_info(m, leases.get(m.member_id), now_ms) for m in group.members.values()],
     )
+
+
+def _with_leases(info: GroupInfo, leases: Mapping[str, int], now_ms: int) -> GroupInfo:
+    """``info`` (built without leases) with each member's lease as
+    :func:`_member_info` would have reported it."""
+    members = [
+        m if (lease := leases.get(m.member_id)) is None
+        else m.model_copy(update={"lease_expires_in_ms": lease - now_ms})
+        for m in info.members
+    ]  # fmt: skip
+    return info.model_copy(update={"members": members})
 
 
 def _member_info(member: Member, lease: int | None, now_ms: int) -> MemberInfo:

@@ -57,9 +57,7 @@ def free_port() -> int:
 async def form_group(url: str, prefix: str, members: int) -> list[str]:
     """``members`` members joined (in waves of 500, group-committed) with long leases."""
     from streamworks.coordinator.service import CoordinatorService
-    from streamworks.protocol.control import HeartbeatRequest
     from streamworks.redis.client import create_redis
-    from streamworks.settings import Settings
 
     settings = _settings(url, prefix)
     redis = create_redis(settings)

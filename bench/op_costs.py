@@ -22,6 +22,7 @@ passes), ``retry`` (every message fails once: + a retry record, the redelivery),
 ``dead-letter`` (every message fails for good: + the dead letter), then the
 coordinator's (``CoordinatorService``, the code the HTTP API calls): ``join`` (a
 member joins: the full road of a heartbeat — the group commit and the fence writes),
+``idle`` (the same worker on idle shards: the blocking waits; per shard-second),
 ``heartbeat`` (a no-change heartbeat: the short road), ``fence`` (one owner-fence
 write), ``lag-read`` (the positions a lag-repair pass and a status read take per
 shard: ``XLEN`` + ``XINFO GROUPS``).
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import statistics
 import sys
@@ -224,11 +226,20 @@ async def publish_phases(probe: Probe, url: str, n: int) -> list[Phase]:
 
 
 async def consume_phase(
-    probe: Probe, url: str, name: str, n: int, *, fail: int = 0, delete_on_ack: bool = False
+    probe: Probe,
+    url: str,
+    name: str,
+    n: int,
+    *,
+    fail: int = 0,
+    delete_on_ack: bool = False,
+    idle: float = 0.0,
 ) -> Phase:
-    """A ``Worker`` owning all shards (fences written, no coordinator) consumes ``n``
-    messages published into its idle shards during the phase; the handler fails the
-    first ``fail`` attempts of each message (``fail`` ≥ max attempts: dead letters)."""
+    """A ``Worker`` owning all shards (fences written, no coordinator) starts and
+    consumes ``n`` messages published before (its start-up, a takeover pass over 8
+    shards, is in the phase: a few commands per shard); the handler fails the
+    first ``fail`` attempts of each message (``fail`` ≥ max attempts: dead letters).
+    ``n == 0``: the worker waits on its idle shards for ``idle`` seconds."""
     import anyio
 
     from streamworks import App, Settings
@@ -266,27 +277,40 @@ async def consume_phase(
     for shard in shards:
         await write_fence(worker.scripts, worker.keyspace, shard, group, 1, member)
     stats = worker.handlers[stream].statistics
+    if n:  # published before the worker starts: the phase is the worker's alone
+        await _fed(probe, keys, n)
+        cpu = await probe.start()
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
-        await asyncio.sleep(0.3)  # start-up reads (takeover pass) done: the shards idle
-        cpu = await probe.start()
-        await common.xadd_pipelined(
-            probe.redis,
-            ((keys[i % SHARDS], ("v", common.payload_bytes(), "t", "0", "f", "1", "k", f"c{i}"))
-             for i in range(n)),
-        )  # fmt: skip
+        if not n:
+            await asyncio.sleep(0.3)  # start-up reads (takeover pass) done: shards idle
+            cpu = await probe.start()
+            await asyncio.sleep(idle)
         deadline = time.monotonic() + 120
-        while stats.handled + stats.dead_lettered < n or (
-            delete_on_ack and sum([await probe.redis.xlen(k) for k in keys]) > 0
+        while n and (
+            stats.handled + stats.dead_lettered < n
+            or (delete_on_ack and sum([await probe.redis.xlen(k) for k in keys]) > 0)
         ):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name}: {stats.handled} of {n} handled")
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)  # the last ack flush
-        phase = await probe.stop(Phase(name, n, "message"), cpu, exclude=("xadd",))
+        if n:
+            phase = await probe.stop(Phase(name, n, "message"), cpu)
+        else:
+            phase = await probe.stop(Phase(name, int(SHARDS * idle), "idle shard-second"), cpu)
         worker.request_stop()
     await redis.aclose()
     return phase
+
+
+async def _fed(probe: Probe, keys: list[str], n: int) -> None:
+    """``n`` entries in the streamworks format, round-robin over ``keys``."""
+    data = common.payload_bytes()
+    await common.xadd_pipelined(
+        probe.redis,
+        ((keys[i % SHARDS], ("v", data, "t", "0", "f", "1", "k", f"c{i}")) for i in range(n)),
+    )
 
 
 async def _shard_keys(redis: Any, stream: str, group: str) -> list[str]:
@@ -362,6 +386,8 @@ async def control_phases(probe: Probe, url: str, members: int, beats: int) -> li
 
 # -- the suite -----------------------------------------------------------------------------
 async def run_suite(suite: common.Suite, args: argparse.Namespace) -> dict[str, Any]:
+    # The retry and dead-letter phases fail on purpose: no log line per message.
+    logging.getLogger("streamworks").setLevel(logging.CRITICAL)
     probe = Probe(suite.redis)
     n, small = args.messages, max(100, args.messages // 10)
     try:
@@ -372,6 +398,7 @@ async def run_suite(suite: common.Suite, args: argparse.Namespace) -> dict[str, 
         )
         phases.append(await consume_phase(probe, suite.url, "retry", small, fail=1))
         phases.append(await consume_phase(probe, suite.url, "dead-letter", small, fail=2))
+        phases.append(await consume_phase(probe, suite.url, "idle", 0, idle=args.idle))
         phases += await control_phases(probe, suite.url, args.members, args.heartbeats)
     finally:  # the suites after this one run on a server that logs nothing again
         await suite.redis.config_set("slowlog-log-slower-than", 10_000)
@@ -410,6 +437,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--messages", type=int, default=50_000, help="consume phases (default 50000)")
     p.add_argument("--members", type=int, default=50, help="joins (default 50)")
     p.add_argument("--heartbeats", type=int, default=2_000, help="no-change heartbeats")
+    p.add_argument("--idle", type=float, default=5.0, help="seconds of the idle phase")
     p.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     return p
 
@@ -417,7 +445,7 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     if args.quick:
-        args.messages, args.members, args.heartbeats = 2_000, 10, 200
+        args.messages, args.members, args.heartbeats, args.idle = 2_000, 10, 200, 2.0
     common.standalone(run_suite, args)
 
 

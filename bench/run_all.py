@@ -50,7 +50,7 @@ QUICK = {
     "latency": {"duration": 3.0},
     "latency-load": {"duration": 2.0, "max_rate_messages": 20_000},
     "processes": {"messages": 50_000},
-    "op-costs": {"messages": 2_000, "members": 10, "heartbeats": 200},
+    "op-costs": {"messages": 2_000, "members": 10, "heartbeats": 200, "idle": 2.0},
 }
 
 

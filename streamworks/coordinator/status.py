@@ -39,15 +39,16 @@ class StatusReport:
         if loaded.group is None:
             self._at_revision.pop(group_id, None)
             raise CoordinatorError("NOT_FOUND", f"group {group_id!r} does not exist", status=404)
+        leases = await self.store.lease_expiries(group_id)
         # Everything but the leases follows from the group at its revision: built once
-        # per revision (a commit moves it), so a status read of a stable 10,000-member
-        # group only re-reads the leases, which renewals move without a commit.
+        # per revision (a commit moves it); a later read of the same revision only puts
+        # in the leases, which renewals move without a commit.
         cached = self._at_revision.get(group_id)
         if cached is None or cached[0] != loaded.rev:
-            cached = (loaded.rev, _group_info(loaded.group, {}, 0))
-            self._at_revision[group_id] = cached
-        leases = await self.store.lease_expiries(group_id)
-        info = _with_leases(cached[1], leases, loaded.now_ms)
+            info = _group_info(loaded.group, leases, loaded.now_ms)
+            self._at_revision[group_id] = (loaded.rev, info)
+        else:
+            info = _with_leases(cached[1], leases, loaded.now_ms)
         return (await self._with_dead_letters([info]))[0] if dead_letters else info
 
     async def status(self, *, positions: bool = True) -> StatusResponse:
@@ -143,13 +144,15 @@ def _group_info(group: Group, leases: Mapping[str, int], now_ms: int) -> GroupIn
 
 
 def _with_leases(info: GroupInfo, leases: Mapping[str, int], now_ms: int) -> GroupInfo:
-    """``info`` (built without leases) with each member's lease as
-    :func:`_member_info` would have reported it."""
-    members = [
-        m if (lease := leases.get(m.member_id)) is None
-        else m.model_copy(update={"lease_expires_in_ms": lease - now_ms})
-        for m in info.members
-    ]  # fmt: skip
+    """``info`` (built at the same revision) with each member's lease as
+    :func:`_member_info` would report it now."""
+    members = []
+    for m in info.members:
+        lease = leases.get(m.member_id)
+        remaining = None if lease is None else lease - now_ms
+        if remaining != m.lease_expires_in_ms:
+            m = m.model_copy(update={"lease_expires_in_ms": remaining})
+        members.append(m)
     return info.model_copy(update={"members": members})
 
 

@@ -40,7 +40,6 @@ import os
 import statistics
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,12 +242,8 @@ async def consume_phase(
     import anyio
 
     from streamworks import App, Settings
-    from streamworks.coordinator.provision import grant_token, write_fence
-    from streamworks.protocol.shards import ShardId
     from streamworks.redis.client import create_redis
-    from streamworks.runtime.assignment import StaticAssignment
     from streamworks.runtime.retry import RetryPolicy
-    from streamworks.runtime.worker import Worker
 
     stream, group = f"c-{name}", f"g-{name}"
     keys = await _shard_keys(probe.redis, stream, group)
@@ -265,17 +260,7 @@ async def consume_phase(
             if seen <= fail:
                 raise RuntimeError("fails on purpose")
 
-    member = uuid.uuid4().hex
-    shards = [ShardId(stream, i) for i in range(SHARDS)]
-    worker = Worker(
-        app,
-        redis,
-        StaticAssignment({s: grant_token(1, member) for s in shards}),
-        settings=settings,
-        member_id=member,
-    )
-    for shard in shards:
-        await write_fence(worker.scripts, worker.keyspace, shard, group, 1, member)
+    worker = await common.owning_worker(app, redis, settings, stream)
     stats = worker.handlers[stream].statistics
     if n:  # published before the worker starts: the phase is the worker's alone
         await _fed(probe, keys, n)

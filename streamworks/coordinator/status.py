@@ -29,7 +29,7 @@ class StatusReport:
     def __init__(self, store: Store, streams: Streams) -> None:
         self.store = store
         self.streams = streams
-        #: group -> its answer without leases at one revision (see :meth:`group_info`).
+        #: group -> (revision, its answer as built at that revision): see :meth:`group_info`.
         self._at_revision: dict[str, tuple[int, GroupInfo]] = {}
 
     async def group_info(self, group_id: str, *, dead_letters: bool = True) -> GroupInfo:

@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +230,24 @@ def run_child(target: str, *, timeout: float, use_uvloop: bool = True, **kwargs:
 def new_event() -> Any:
     """An event that can be handed to a child (for start-up handshakes)."""
     return _SPAWN.Event()
+
+
+# -- a worker without a coordinator --------------------------------------------------------
+async def owning_worker(app: Any, redis: Any, settings: Any, stream: str) -> Any:
+    """A ``Worker`` of ``app`` owning every shard of ``stream`` (static grants, owner
+    fences written): the production data path without a coordinator."""
+    from streamworks.coordinator.provision import grant_token, write_fence
+    from streamworks.protocol.shards import ShardId
+    from streamworks.runtime.assignment import StaticAssignment
+    from streamworks.runtime.worker import Worker
+
+    member = uuid.uuid4().hex
+    shards = [ShardId(stream, i) for i in range(SHARDS)]
+    grants = StaticAssignment({s: grant_token(1, member) for s in shards})
+    worker = Worker(app, redis, grants, settings=settings, member_id=member)
+    for shard in shards:
+        await write_fence(worker.scripts, worker.keyspace, shard, app.name, 1, member)
+    return worker
 
 
 # -- Redis helpers -----------------------------------------------------------------------

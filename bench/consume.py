@@ -7,6 +7,10 @@ consumer process per contestant, each through a consumer group of its own:
   baseline** of the ratios: one asyncio task per shard, each ``XREADGROUP COUNT
   100`` + a no-op per message + one ``XACK`` per batch, all in one process (the
   tasks' commands overlap on 8 connections of one client).
+* ``raw-lean`` — the leanest loop (``raw_lean.py``): one task per shard on a
+  connection of its own, a pre-packed ``XREADGROUP COUNT 100``, the reply left as the
+  parser built it (no callbacks, no decoding), one hand-packed ``XACK`` per batch.
+  streamworks' ratio against it is printed next to the headline one.
 * ``raw-100`` / ``raw-500`` — the hand-written loop of ``throughput.py``: one
   coroutine, ``XREADGROUP COUNT 100`` (or 500) shard after shard, a no-op per
   message, one ``XACK`` per batch (one command in flight at a time). Its ratio
@@ -48,6 +52,7 @@ from common import KEYS, PAYLOAD, PREFIX, SHARDS, Suite
 #: Contestants of the no-op run, in round order (reversed on odd rounds).
 NOOP = (
     "raw-per-shard",
+    "raw-lean",
     "raw-100",
     "raw-500",
     "streamworks",
@@ -67,9 +72,14 @@ TQ_MAX_ASYNC_TASKS = 100
 #: The headline baseline of the no-op ratios, and the second one.
 BASELINE = "raw-per-shard"
 SECOND_BASELINE = "raw-100"
+#: The leanest raw loop: streamworks' ratio against it is printed too (issue 23).
+LEAN = "raw-lean"
 CONFIG = {
     "raw-per-shard": "one asyncio task per shard, each XREADGROUP COUNT 100 on its shard; "
     "no-op; one XACK per batch; one process, one client (8 connections)",
+    "raw-lean": "one asyncio task per shard on its own connection; pre-packed XREADGROUP "
+    "COUNT 100, reply left undecoded (no redis-py callbacks); no-op; one hand-packed XACK "
+    "per batch",
     "raw-N": "one coroutine; XREADGROUP COUNT N per shard in turn; no-op; one XACK per batch",
     "streamworks": "a worker process as `streamworks worker` runs it: Worker, default Settings "
     "(read_batch 500, read_ahead 3, ack_batch 1000), ordering='key', concurrency 64, "
@@ -453,6 +463,10 @@ async def _round(
             return suite.child(
                 _target("raw_tasks_child"), url=suite.url, keys=keys, group=group, total=total
             )
+        if name == "raw-lean":
+            return suite.child(
+                "raw_lean:lean_child", url=suite.url, keys=keys, group=group, total=total
+            )
         if name.startswith("raw"):
             count = int(name.split("-")[1])
             return suite.child(
@@ -565,8 +579,10 @@ async def run_suite(suite: Suite, args: argparse.Namespace) -> dict[str, Any]:
 
     noop_results = common.summarize(noop_rates, BASELINE if BASELINE in noop else None)
     second = common.summarize(noop_rates, SECOND_BASELINE if SECOND_BASELINE in noop else None)
+    lean = common.summarize(noop_rates, LEAN if LEAN in noop else None)
     for name, r in noop_results.items():
         r["ratio_raw_100"] = second[name]["ratio"]
+        r["ratio_raw_lean"] = lean[name]["ratio"]
     results = {
         "consume_noop": {
             "messages": noop,
@@ -595,7 +611,15 @@ def print_results(results: dict[str, Any]) -> None:
     noop = results["consume_noop"]
     common.print_table(
         "consume, no-op handler (8 shards; medians of alternating rounds)",
-        ["contestant", "messages", "msg/s", f"× {BASELINE}", "× raw-100", "rounds (msg/s)"],
+        [
+            "contestant",
+            "messages",
+            "msg/s",
+            f"× {BASELINE}",
+            "× raw-100",
+            f"× {LEAN}",
+            "rounds (msg/s)",
+        ],
         [
             (
                 name,
@@ -603,13 +627,14 @@ def print_results(results: dict[str, Any]) -> None:
                 r["median"],
                 r["ratio"],
                 r.get("ratio_raw_100"),
+                r.get("ratio_raw_lean"),
                 " ".join(f"{x:,.0f}" for x in r["rounds"]),
             )
             for name, r in noop["results"].items()
         ],
         caption=f"{BASELINE}: one task per shard (XREADGROUP COUNT 100 + one XACK per batch, "
         "one process) — the headline baseline; raw-100: one coroutine visiting the shards "
-        "in turn",
+        f"in turn; {LEAN}: one task per shard, replies left undecoded, hand-packed XACK",
     )
     verdict = _verdict(noop["results"])
     if verdict:
@@ -642,6 +667,9 @@ def _verdict(rows: dict[str, Any]) -> str:
     if not sw or not raw:
         return ""
     line = f"streamworks: {sw['median'] / raw['median']:.2f}× {BASELINE} (target ≥ 0.8)"
+    lean = rows.get(LEAN)
+    if lean:
+        line += f", {sw['median'] / lean['median']:.2f}× {LEAN} (target ≥ 0.85)"
     fs = {n: r["median"] for n, r in rows.items() if n.startswith("faststream")}
     if fs:
         best = max(fs, key=lambda n: fs[n])

@@ -9,6 +9,8 @@ than wall-clock throughput.
 
 * ``raw-shard`` — one task per shard: ``XREADGROUP COUNT 100`` + one ``XACK`` per
   batch, a no-op per entry, all 8 tasks in one process on one client;
+* ``raw-lean`` — the same with the replies left undecoded and hand-packed commands on
+  a connection per task (``raw_lean.py``, ``consume.py``'s ``raw-lean``);
 * ``raw-gate`` — the same with streamworks' fenced read (``Scripts.fenced_read``: the
   gate script, ``XREADGROUP`` and the ungate in one transaction, COUNT 200) and a
   hand-packed ``XACK`` per batch: what the fence costs without the framework;
@@ -41,7 +43,15 @@ import common
 import consume
 from common import SHARDS
 
-CONTESTANTS = ("raw-shard", "raw-lua", "raw-gate", "raw-100", "streamworks", "streamworks-cli")
+CONTESTANTS = (
+    "raw-shard",
+    "raw-lean",
+    "raw-lua",
+    "raw-gate",
+    "raw-100",
+    "streamworks",
+    "streamworks-cli",
+)
 
 
 async def raw_shard_child(url: str, keys: list[str], group: str, total: int) -> dict[str, Any]:
@@ -208,6 +218,9 @@ async def run(suite: common.Suite, args: argparse.Namespace) -> dict[str, Any]:
             try:
                 if name == "raw-shard":
                     res = suite.child(_target("raw_shard_child"), url=suite.url, keys=keys,
+                                      group=group, total=n)  # fmt: skip
+                elif name == "raw-lean":
+                    res = suite.child("raw_lean:lean_child", url=suite.url, keys=keys,
                                       group=group, total=n)  # fmt: skip
                 elif name in ("raw-lua", "raw-gate"):
                     res = suite.child(_target("raw_lua_child"), url=suite.url, keys=keys,

@@ -25,7 +25,6 @@ import asyncio
 import statistics
 import sys
 import time
-import uuid
 from typing import Any
 
 import common
@@ -213,11 +212,7 @@ async def sw_consumer(url: str, group: str, total: int, warmup: int, ready: Any)
     import anyio
 
     from streamworks import App, Settings
-    from streamworks.coordinator.provision import grant_token, write_fence
-    from streamworks.protocol.shards import ShardId
     from streamworks.redis.client import create_redis
-    from streamworks.runtime.assignment import StaticAssignment
-    from streamworks.runtime.worker import Worker
 
     settings = Settings(redis_url=url, key_prefix=PREFIX)
     redis = create_redis(settings)
@@ -229,17 +224,7 @@ async def sw_consumer(url: str, group: str, total: int, warmup: int, ready: Any)
     async def handle(value: dict[str, Any]) -> None:
         rec.record(value["ts"])
 
-    member = uuid.uuid4().hex
-    shards = [ShardId(STREAM, i) for i in range(SHARDS)]
-    worker = Worker(
-        app,
-        redis,
-        StaticAssignment({s: grant_token(1, member) for s in shards}),
-        settings=settings,
-        member_id=member,
-    )
-    for shard in shards:
-        await write_fence(worker.scripts, worker.keyspace, shard, group, 1, member)
+    worker = await common.owning_worker(app, redis, settings, STREAM)
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
         await asyncio.sleep(0.3)  # readers past their takeover pass, waiting for entries

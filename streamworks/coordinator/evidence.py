@@ -9,6 +9,7 @@ from typing import Any
 from streamworks.protocol.control import ShardGroupInfo
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
+from streamworks.redis.wire import Command, run_batch
 
 __all__ = ("EvidenceReads",)
 
@@ -32,30 +33,33 @@ class EvidenceReads:
         self, shards: Sequence[ShardId]
     ) -> list[tuple[int, list[ShardGroupInfo]] | None]:
         """Per shard, its length and each consumer group's ``pending`` and ``lag``
-        (``XLEN`` and ``XINFO GROUPS``, pipelined); None where Redis answered an error
-        (e.g. the key is gone)."""
+        (``XLEN`` and ``XINFO GROUPS``, in one batch); None where Redis answered an error
+        (e.g. the key is gone). The replies are read as the parser built them: redis-py's
+        pipeline costs ~10 µs of CPU per command, 8,192 commands for 4,096 shards."""
         if not shards:
             return []
-        pipe = self.redis.pipeline(transaction=False)
+        commands: list[Command] = []
         for shard in shards:
             key = self.keyspace.stream(shard)
-            pipe.xlen(key)
-            pipe.xinfo_groups(key)
-        replies = await pipe.execute(raise_on_error=False)
+            commands += (("XLEN", key), ("XINFO", "GROUPS", key))
+        replies = await run_batch(self.redis, commands)
         out: list[tuple[int, list[ShardGroupInfo]] | None] = []
         for j in range(len(shards)):
             length, groups = replies[2 * j], replies[2 * j + 1]
             if isinstance(length, Exception) or isinstance(groups, Exception):
                 out.append(None)
                 continue
-            infos = [
-                ShardGroupInfo(
-                    group=g["name"].decode(),
-                    pending=int(g["pending"]),
-                    lag=None if g["lag"] is None else int(g["lag"]),
+            infos = []
+            for g in groups:
+                fields = g if isinstance(g, dict) else dict(zip(g[::2], g[1::2], strict=True))
+                lag = fields.get(b"lag")
+                infos.append(
+                    ShardGroupInfo(
+                        group=fields[b"name"].decode(),
+                        pending=int(fields[b"pending"]),
+                        lag=None if lag is None else int(lag),
+                    )
                 )
-                for g in groups
-            ]
             out.append((int(length), infos))
         return out
 

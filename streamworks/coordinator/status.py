@@ -29,15 +29,26 @@ class StatusReport:
     def __init__(self, store: Store, streams: Streams) -> None:
         self.store = store
         self.streams = streams
+        #: group -> (revision, its answer as built at that revision): see :meth:`group_info`.
+        self._at_revision: dict[str, tuple[int, GroupInfo]] = {}
 
     async def group_info(self, group_id: str, *, dead_letters: bool = True) -> GroupInfo:
         """The group as recorded, with each member's lease (and its dead letters per
         stream); ``NOT_FOUND`` if absent."""
         loaded = await self.store.load_group(group_id)
         if loaded.group is None:
+            self._at_revision.pop(group_id, None)
             raise CoordinatorError("NOT_FOUND", f"group {group_id!r} does not exist", status=404)
         leases = await self.store.lease_expiries(group_id)
-        info = _group_info(loaded.group, leases, loaded.now_ms)
+        # Everything but the leases follows from the group at its revision: built once
+        # per revision (a commit moves it); a later read of the same revision only puts
+        # in the leases, which renewals move without a commit.
+        cached = self._at_revision.get(group_id)
+        if cached is None or cached[0] != loaded.rev:
+            info = _group_info(loaded.group, leases, loaded.now_ms)
+            self._at_revision[group_id] = (loaded.rev, info)
+        else:
+            info = _with_leases(cached[1], leases, loaded.now_ms)
         return (await self._with_dead_letters([info]))[0] if dead_letters else info
 
     async def status(self, *, positions: bool = True) -> StatusResponse:
@@ -130,6 +141,19 @@ def _group_info(group: Group, leases: Mapping[str, int], now_ms: int) -> GroupIn
         subscriptions=sorted(live_subscriptions(group.members.values())),
         members=[_member_info(m, leases.get(m.member_id), now_ms) for m in group.members.values()],
     )
+
+
+def _with_leases(info: GroupInfo, leases: Mapping[str, int], now_ms: int) -> GroupInfo:
+    """``info`` (built at the same revision) with each member's lease as
+    :func:`_member_info` would report it now."""
+    members = []
+    for m in info.members:
+        lease = leases.get(m.member_id)
+        remaining = None if lease is None else lease - now_ms
+        if remaining != m.lease_expires_in_ms:
+            m = m.model_copy(update={"lease_expires_in_ms": remaining})
+        members.append(m)
+    return info.model_copy(update={"members": members})
 
 
 def _member_info(member: Member, lease: int | None, now_ms: int) -> MemberInfo:

@@ -76,6 +76,8 @@ def command_key(command: Command) -> bytes | None:
         return None
     if name in ("WAIT", "PING", "TIME", "CLIENT"):
         return None
+    if name == "XINFO":  # XINFO GROUPS|STREAM|CONSUMERS <key>
+        return _bytes(command[2])
     return _bytes(command[1])
 
 

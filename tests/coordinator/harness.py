@@ -253,7 +253,9 @@ class RecordingRedis(Redis):
         self.commands: list[tuple[str, ...]] = []
 
     def _record(self, args: tuple[Any, ...]) -> None:
-        name = str(args[0]).upper()
+        name = _text(args[0]).upper()
+        if name == "XINFO" and len(args) > 1:  # as the hand-packed batch sends it
+            name, args = f"XINFO {_text(args[1]).upper()}", args[1:]
         detail = [_text(a) for a in args[1:3]]
         self.commands.append((name, *detail))
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(240)
 SCRIPTS: dict[str, tuple[list[str], str]] = {
     "consume": (
         ["consume.py", "--rounds", "1", "--messages", "4000", "--slow-messages", "400",
-         "--only", "raw-per-shard,raw-100,streamworks,streamworks-lib"],
+         "--only", "raw-per-shard,raw-lean,raw-100,streamworks,streamworks-lib"],
         "× raw-per-shard",
     ),
     "hotpath": (
@@ -39,6 +39,8 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
         "publish",
     ),
     "processes": (["processes.py", "--rounds", "1", "--messages", "4000"], "--processes"),
+    "op-costs": (["op_costs.py", "--quick"], "server µs/op"),
+    "status-scrape": (["status_scrape.py", "--quick"], "coordinator CPU"),
     "throughput": (
         ["throughput.py", "--rounds", "1", "--messages", "4000", "--publish-messages", "1000"],
         "consume_ratio=",

@@ -54,8 +54,13 @@ from typing import Any
 import orjson
 
 from streamworks.clock import Clock
+from streamworks.protocol import history
 
-__all__ = ("HistoryRecorder",)
+__all__ = ("ENV", "HistoryRecorder", "install_from_environment")
+
+#: The variable naming a history file every ``streamworks worker`` and ``streamworks
+#: coordinator`` process appends its steps to (``cli/common.py``: ``record_history``).
+ENV = "STREAMWORKS_HISTORY_FILE"
 
 #: Tokens beyond this are written as strings (orjson and many readers stop at 64 bits).
 _EXACT_INT = 2**63 - 1
@@ -265,3 +270,14 @@ class HistoryRecorder:
         t = self._clock.monotonic() if at is None else at
         line = orjson.dumps({"t": t, "kind": kind, **fields})
         os.write(fd, line + b"\n")
+
+
+def install_from_environment() -> HistoryRecorder | None:
+    """Record this process's protocol steps into the file :data:`ENV` names, if set:
+    the recorder becomes the process's sink (``streamworks.protocol.history``)."""
+    path = os.environ.get(ENV)
+    if not path:
+        return None
+    recorder = HistoryRecorder(path)
+    history.install(recorder)
+    return recorder

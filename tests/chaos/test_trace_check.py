@@ -180,9 +180,24 @@ def test_a_read_under_an_older_token_fails(run: Run) -> None:
     run.read(11.0, "a", S, 1)
     with pytest.raises(TraceViolation) as caught:
         check_history([run.path])
+    # The grant is the first offending step: a valid grant below the newest one.
     assert caught.value.invariant == "tokens never decrease"
+    assert caught.value.step.kind == "heartbeat"
+    assert "a is given orders/0@0 under token 1 after token 2 was granted to b" in (
+        caught.value.why
+    )
+
+
+def test_a_read_under_an_older_token_fails_without_its_grant_recorded(run: Run) -> None:
+    # Only the reads tell: b read under token 2 (its grant not in the history, e.g. a
+    # process whose file was lost), then a under token 1 it holds.
+    run.beat(1.0, "a", {S: 1}, lease=20.0)
+    run.rec.read(group=G, member="b", shard=S, token=2, entries=1, at=2.0)
+    run.read(3.0, "a", S, 1)
+    with pytest.raises(TraceViolation) as caught:
+        check_history([run.path])
+    assert caught.value.invariant in ("reads under the valid grant", "tokens never decrease")
     assert caught.value.step.kind == "read"
-    assert "a read orders/0@0 under token 1 after a read under 2" in caught.value.why
 
 
 def test_a_read_under_a_grant_that_is_not_the_newest_fails(run: Run) -> None:
@@ -240,6 +255,10 @@ def test_a_malformed_line_or_time_going_back_fails(run: Run) -> None:
     with pytest.raises(TraceViolation, match="time goes back within its file"):
         check_history([run.path])
     run.path.write_text('{"t": 1.0, "kind": "read"}\nnot json\n')
+    with pytest.raises(TraceViolation, match="not JSON") as caught:
+        check_history([run.path])
+    assert caught.value.step.where.endswith(":2")  # every line is parsed before the replay
+    run.path.write_text('{"t": 1.0, "kind": "read"}\n')
     with pytest.raises(TraceViolation, match="well-formed") as caught:
         check_history([run.path])
     assert caught.value.step.where.endswith(":1")  # the read lacks its fields
@@ -260,7 +279,7 @@ def test_the_cli_prints_the_first_offending_step(
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"trace check FAILED at {run.path}:15 (t=6.5): one valid holder"
     assert "c is given orders/0@0 (token 7) while b still holds it" in out[1]
-    assert out[2].startswith('  step: {"t":6.5,"kind":"heartbeat"')
+    assert out[2].startswith('  step: {"t":6.5,"w":')
     assert len(out) == 3
 
 

@@ -50,6 +50,8 @@ async def test_chaos_smoke_every_fault_kind_nothing_lost(
         acl=streamworks_acl,  # --redis-acl: every process as its role's ACL user
     )
     result = await run_chaos(config)
+    # The recorded protocol history satisfies the model's invariants (trace_check.py).
+    assert result.trace[0], result.trace[1]
     assert result.published > 1000, result.table()
     # Every kind of fault happened (and completed).
     assert not result.faults_failed, result.faults_failed

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ("Step", "TraceViolation", "check_history", "load_steps", "main")
+__all__ = ("Step", "TraceViolation", "check_directory", "check_history", "load_steps", "main")
 
 #: Answers after which a member holds nothing (it drops every shard and rejoins).
 _DROP_ALL = frozenset({"FENCED", "UNKNOWN_MEMBER"})
@@ -394,6 +394,18 @@ def check_history(paths: Sequence[Path]) -> Summary:
     for step in load_steps(paths):
         replay.apply(step)
     return replay.summary
+
+
+def check_directory(directory: Path) -> tuple[bool, str]:
+    """Check the history files (``*.jsonl``) of ``directory`` (a run's processes, one
+    file each): whether they pass, and the summary line or the first offending step."""
+    files = sorted(directory.glob("*.jsonl"))
+    if not files:
+        return False, f"trace check: no history recorded in {directory}"
+    try:
+        return True, check_history(files).line()
+    except TraceViolation as e:
+        return False, e.report()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -63,7 +63,7 @@ from tests.chaos.checker import (
 )
 from tests.chaos.proxy import ProxyHub
 from tests.chaos.schedule import KINDS, Fault, format_schedule, make_schedule
-from tests.chaos.trace_check import check_directory
+from tests.chaos.trace_check import check_directory, record_history
 from tests.e2e.harness import FAST_TIMERS, Cluster, Proc, free_port, wait_ready, wait_until
 
 __all__ = ("ChaosConfig", "ChaosResult", "ChaosRun", "run_chaos")
@@ -691,9 +691,7 @@ class ChaosRun:
         self.hub = ProxyHub()
         self.cluster = Cluster(self.redis_server.url, PREFIX, workdir)
         if config.trace:  # every worker and coordinator: a history file of its own
-            (workdir / "history").mkdir(exist_ok=True)
-            history = str(workdir / "history" / "{pid}.jsonl")
-            self.cluster.base_env["STREAMWORKS_HISTORY_FILE"] = history
+            record_history(self.cluster.base_env, workdir / "history")
         settings = Settings(redis_url=self.redis_server.url, key_prefix=PREFIX)
         from streamworks.redis.client import create_redis
 

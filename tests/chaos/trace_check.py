@@ -33,14 +33,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-__all__ = ("Step", "TraceViolation", "check_directory", "check_history", "load_steps", "main")
+__all__ = (
+    "Step",
+    "TraceViolation",
+    "check_directory",
+    "check_history",
+    "load_steps",
+    "main",
+    "record_history",
+)
 
 #: Answers after which a member holds nothing (it drops every shard and rejoins).
 _DROP_ALL = frozenset({"FENCED", "UNKNOWN_MEMBER"})
@@ -394,6 +402,15 @@ def check_history(paths: Sequence[Path]) -> Summary:
     for step in load_steps(paths):
         replay.apply(step)
     return replay.summary
+
+
+def record_history(env: MutableMapping[str, str], directory: Path) -> Path:
+    """Make every ``streamworks`` process started with ``env`` record its protocol
+    steps in a file of its own in ``directory`` (``STREAMWORKS_HISTORY_FILE``, with
+    ``{pid}``); returns ``directory`` (created), for :func:`check_directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    env["STREAMWORKS_HISTORY_FILE"] = str(directory / "{pid}.jsonl")
+    return directory
 
 
 def check_directory(directory: Path) -> tuple[bool, str]:

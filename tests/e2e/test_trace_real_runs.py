@@ -28,7 +28,7 @@ import pytest
 
 from streamworks import App
 from streamworks.protocol.client import CoordinatorClient
-from tests.chaos.trace_check import check_directory
+from tests.chaos.trace_check import check_directory, record_history
 from tests.e2e.apps import slow
 from tests.e2e.harness import Cluster, Proc, live, member_of, wait_ready, wait_until
 
@@ -90,9 +90,7 @@ def heartbeats_after(history: Path, pid: int, since: float) -> list[dict[str, An
 async def test_a_resumed_member_passes_the_trace_check_unless_it_renews_a_revoked_lease(
     cluster: Cluster, redis: Any, tmp_path: Path, broken: bool
 ) -> None:
-    history = tmp_path / "history"
-    history.mkdir()
-    cluster.base_env["STREAMWORKS_HISTORY_FILE"] = str(history / "{pid}.jsonl")
+    history = record_history(cluster.base_env, tmp_path / "history")
     await wait_ready(cluster.start_coordinator(**TIMERS))
     async with cluster.client() as client:
         await client.create_stream(slow.STREAM, slow.SHARDS)

@@ -3,6 +3,7 @@ its first offending step, with the invariant it breaks (docs/protocol-model.md).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from streamworks.testing.history import HistoryRecorder
+from streamworks.protocol import history
+from streamworks.testing.history import ENV, HistoryRecorder, install_from_environment
 from tests.chaos.trace_check import TraceViolation, check_history, main
 
 G = "billing"
@@ -264,6 +266,40 @@ def test_a_malformed_line_or_time_going_back_fails(run: Run) -> None:
     assert caught.value.step.where.endswith(":1")  # the read lacks its fields
 
 
+def test_a_commit_below_an_earlier_revision_fails(run: Run) -> None:
+    run.rec.commit(group=G, revision=(5 << 128) | 3, at=1.0)
+    run.rec.commit(stream="orders", revision=(2 << 128) | 1, at=1.5)  # another entity
+    run.rec.commit(group=G, revision=(6 << 128) | 9, at=2.0)
+    run.rec.commit(group=G, revision=(6 << 128) | 9, at=3.0)  # the same one again
+    with pytest.raises(TraceViolation) as caught:
+        check_history([run.path])
+    assert caught.value.invariant == "revisions only grow"
+    assert caught.value.step.where.endswith(":4")
+
+
+def test_a_read_of_a_retired_shard_fails(run: Run) -> None:
+    run.beat(1.0, "a", {S: 1, S1: 1}, lease=10.0)
+    run.read(1.5, "a", S1, 1)
+    run.rec.migration(stream="orders", phase="DRAINING", shards=[S1], at=2.0)
+    run.read(2.5, "a", S1, 1)  # still draining: fine
+    run.rec.migration(stream="orders", phase="NONE", shards=[S1], at=3.0)
+    run.read(3.5, "a", S, 1)
+    run.read(4.0, "a", S1, 1)
+    with pytest.raises(TraceViolation) as caught:
+        check_history([run.path])
+    assert caught.value.invariant == "no entry after retirement"
+    assert caught.value.step.where.endswith(":7")
+
+
+def test_steps_timed_before_they_were_written_are_replayed_in_time_order(run: Run) -> None:
+    # b's grant is written before a's read, but the read happened first: in order of
+    # ``t`` a read under a's valid grant, then the handover.
+    run.beat(1.0, "a", {S: 1}, lease=3.0)
+    run.beat(4.0, "b", {S: 2}, lease=10.0)
+    run.read(2.0, "a", S, 1)  # written last, happened at 2.0
+    assert check_history([run.path]).steps == 3
+
+
 # ---------------------------------------------------------------- the command line
 
 
@@ -306,6 +342,32 @@ def test_the_cli_as_a_module(run: Run, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- the recorder
+
+
+def test_the_library_records_nothing_until_a_sink_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert history.sink is None and history.now() is None  # the production default
+    history.read(group=G, member="a", shard=S, grant="1:a", entries=1)  # a no-op
+    monkeypatch.setenv(ENV, str(tmp_path / "{pid}.jsonl"))
+    recorder = install_from_environment()
+    try:
+        assert recorder is not None and history.sink is recorder
+        assert history.now() is not None
+        history.heartbeat(
+            group=G, member="a", status="OK", member_epoch=1, group_epoch=1,
+            assigned={S: 7}, lease_until=1e9,
+        )  # fmt: skip
+        history.read(group=G, member="a", shard=S, grant="7:a", entries=3)
+        history.ack(group=G, member="a", shard=S, grant="7:a", entries=["1-0", "2-0"], at=None)
+    finally:
+        history.install(None)
+        assert recorder is not None
+        recorder.close()
+    (path,) = tmp_path.iterdir()
+    assert path.name == f"{os.getpid()}.jsonl"
+    summary = check_history([path])
+    assert summary.kinds == {"heartbeat": 1, "read": 1, "ack": 2}
 
 
 def test_a_disabled_recorder_writes_nothing(tmp_path: Path) -> None:

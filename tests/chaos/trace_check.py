@@ -14,7 +14,10 @@ invariants (``spec/properties.qnt``), checked step by step:
 * **reads under the valid grant** (ProcessUnderValidGrant): a read is by a member that
   holds the shard under that token and a valid lease, under the newest grant answered
   for the shard and under the newest fence written for it; an ack is by the newest
-  grant's member, under a valid lease, with a token no newer than that grant;
+  grant's member, under a valid lease, with a token no newer than that grant (a run
+  in flight when an answer took its shard away — ``FENCED``, ``UNKNOWN_MEMBER``, not
+  listed — may still settle under the lease held before that answer, as the runtime
+  lets it: ``Lease.expire`` keeps the expiry, before which nobody else is granted it);
 * **tokens never decrease** (FencingTokenMonotone, FenceNeverRegresses): no read of a
   shard uses a token below one an earlier read used, no fence is written below one
   written before, and no member is validly given a shard under a token below the
@@ -169,9 +172,24 @@ class _Member:
     holds: dict[str, int] = field(default_factory=dict)  # shard -> token (reading or draining)
     draining: set[str] = field(default_factory=set)
     lease_until: float = float("-inf")
+    # Shards an answer took away (FENCED, UNKNOWN_MEMBER, not listed): their runs in
+    # flight may still settle until the lease the member held then (Lease.expire keeps
+    # its expiry: the coordinator cannot hand the shard on before), reading nothing.
+    settling: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def valid(self, shard: str, t: float) -> bool:
         return shard in self.holds and t < self.lease_until
+
+    def may_settle(self, shard: str, token: int, t: float) -> bool:
+        if self.valid(shard, t):
+            return True
+        kept = self.settling.get(shard)
+        return kept is not None and kept[0] == token and t < kept[1]
+
+    def took_away(self, before: dict[str, int], lease: float) -> None:
+        for shard, token in before.items():
+            if shard not in self.holds:
+                self.settling[shard] = (token, lease)
 
 
 @dataclass(slots=True)
@@ -231,10 +249,12 @@ class _Replay:
         group, name = step.text("group"), step.text("member")
         me = self.member(group, name)
         status = step.text("status")
+        held, lease = dict(me.holds), me.lease_until
         if status in _DROP_ALL:
             me.holds.clear()
             me.draining.clear()
             me.lease_until = min(me.lease_until, step.t)
+            me.took_away(held, lease)
             return
         assigned = {shard: _int(token, step) for shard, token in step.fields["assigned"].items()}
         revoke = set(step.fields.get("revoke") or ())
@@ -255,6 +275,7 @@ class _Replay:
         if lease_until is not None:
             me.lease_until = float(lease_until)
         me.holds = kept
+        me.took_away(held, lease)
         for shard in sorted(kept):
             token = kept[shard]
             if before.get(shard) == token:
@@ -289,6 +310,7 @@ class _Replay:
         if me.holds.get(shard) == step.token():
             del me.holds[shard]
             me.draining.discard(shard)
+        me.settling.pop(shard, None)  # its last run ended: nothing more to settle
 
     def _on_read(self, step: Step) -> None:
         group, name, shard, token = (
@@ -340,7 +362,7 @@ class _Replay:
         )  # fmt: skip
         me = self.member(group, name)
         grant = self.shard(group, shard).grant
-        if not (shard in me.holds and step.t < me.lease_until):
+        if not me.may_settle(shard, token, step.t):
             raise TraceViolation(
                 step,
                 "reads under the valid grant",

@@ -9,7 +9,9 @@ scale of the stream. Handlers take up to 4 s now and then, half the workers run 
 plain ``def`` handler (a sync run past its lease fail-stops its worker: exit 75,
 restarted), and a second group subscribes mid-run, is unsubscribed through
 ``streamworks admin unsubscribe`` and subscribes again. The checker compares run
-*intervals* across members per shard and group. ``CHAOS_SEED=<n>`` runs another
+*intervals* across members per shard and group; the trace check replays the
+protocol steps every process recorded against the model's invariants
+(``tests/chaos/trace_check.py``) and prints the first offending step, if any. ``CHAOS_SEED=<n>`` runs another
 schedule; the seed and the replay command are printed either way (pytest shows them
 when the test fails).
 

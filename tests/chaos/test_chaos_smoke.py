@@ -12,8 +12,8 @@ restarted), and a second group subscribes mid-run, is unsubscribed through
 *intervals* across members per shard and group; the trace check replays the
 protocol steps every process recorded against the model's invariants
 (``tests/chaos/trace_check.py``) and prints the first offending step, if any.
-``CHAOS_SEED=<n>`` runs another schedule; the seed and the replay command are printed either way (pytest shows them
-when the test fails).
+``CHAOS_SEED=<n>`` runs another schedule; the seed and the replay command are
+printed either way (pytest shows them when the test fails).
 
 The server is the one ``find_server_binary()`` finds: the embedded Valkey 8.1, or
 ``STREAMWORKS_REDIS_SERVER`` (CI's second run: the machine's Redis 7.0, whose AOF

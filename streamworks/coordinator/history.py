@@ -13,7 +13,7 @@ from streamworks.coordinator.core import FenceWrite
 from streamworks.coordinator.core.streams import ShardState, StreamMeta
 from streamworks.protocol import history
 
-__all__ = ("fences_answered", "stream_committed")
+__all__ = ("fences_answered", "group_committed", "stream_committed")
 
 
 def fences_answered(
@@ -21,11 +21,12 @@ def fences_answered(
 ) -> None:
     """The owner-fence writes of ``fences`` sent at ``at`` were answered ``replies``
     (``fence.lua``: 1 written, 0 or 2 not; -2 the shard is gone, nothing to record)."""
-    if history.sink is None:
+    sink = history.sink
+    if sink is None:
         return
     for fence, reply in zip(fences, replies, strict=True):
         if reply[0] != -2:
-            history.fence(
+            sink.fence(
                 group=group_id,
                 shard=fence.shard,
                 token=fence.token,
@@ -38,13 +39,21 @@ def fences_answered(
 def stream_committed(meta: StreamMeta, revision: int, at: float | None) -> None:
     """A stream's layout was committed at ``revision`` (sent at ``at``): its migration
     phase as the layout says it (PROVISIONING, DRAINING, NONE) and the shards in it."""
-    if history.sink is None:
+    sink = history.sink
+    if sink is None:
         return
-    history.commit(stream=meta.name, revision=revision, at=at)
+    sink.commit(stream=meta.name, revision=revision, at=at)
     for state in (ShardState.PROVISIONING, ShardState.DRAINING):
         moving = [s.shard_id(meta.name) for s in meta.shards if s.state is state]
         if moving:
-            history.migration(stream=meta.name, phase=state.value, shards=moving, at=at)
+            sink.migration(stream=meta.name, phase=state.value, shards=moving, at=at)
             return
     retired = [s.shard_id(meta.name) for s in meta.shards if s.state is ShardState.RETIRED]
-    history.migration(stream=meta.name, phase="NONE", shards=retired, at=at)
+    sink.migration(stream=meta.name, phase="NONE", shards=retired, at=at)
+
+
+def group_committed(group_id: str, revision: int, at: float | None) -> None:
+    """A group's metadata was committed at ``revision`` (sent at ``at``)."""
+    sink = history.sink
+    if sink is not None:
+        sink.commit(group=group_id, revision=revision, at=at)

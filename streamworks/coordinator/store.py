@@ -50,7 +50,7 @@ from streamworks.coordinator.core.clock_steps import ClockReading
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.coordinator.core.tokens import parse_token
 from streamworks.coordinator.evidence import EvidenceReads
-from streamworks.coordinator.history import fences_answered
+from streamworks.coordinator.history import fences_answered, group_committed
 from streamworks.coordinator.leases import (
     LeaseOps,
     revision_of,
@@ -445,7 +445,7 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
             self._groups.pop(group.group_id, None)
             return None
         new_rev = revision_of(int(reply[1]), cid)
-        history.commit(group=group_id, revision=new_rev, at=sent)
+        group_committed(group_id, new_rev, sent)
         self._groups[group.group_id] = (new_rev, group)
         return new_rev
 

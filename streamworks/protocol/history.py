@@ -25,19 +25,7 @@ from typing import Protocol
 
 from streamworks.clock import boottime
 
-__all__ = (
-    "HistorySink",
-    "ack",
-    "commit",
-    "fence",
-    "heartbeat",
-    "install",
-    "migration",
-    "now",
-    "read",
-    "release",
-    "token_of",
-)
+__all__ = ("HistorySink", "install", "now", "sink", "token_of")
 
 
 class HistorySink(Protocol):
@@ -137,74 +125,3 @@ def now() -> float | None:
 def token_of(grant: str) -> int:
     """The fencing token of a grant or fence value ``"<token>:<member>"``."""
     return int(grant.partition(":")[0])
-
-
-# The forwarding functions: one call at a hook, the ``None`` check here.
-
-
-def heartbeat(
-    *,
-    group: str,
-    member: str,
-    status: str,
-    member_epoch: int,
-    group_epoch: int,
-    assigned: Mapping[str, int],
-    revoke: Iterable[str] = (),
-    lease_until: float | None = None,
-) -> None:
-    """A member applied a heartbeat answer (``assigned``: every shard it may read now)."""
-    if sink is not None:
-        sink.heartbeat(
-            group=group,
-            member=member,
-            status=status,
-            member_epoch=member_epoch,
-            group_epoch=group_epoch,
-            assigned=assigned,
-            revoke=revoke,
-            lease_until=lease_until,
-        )
-
-
-def release(*, group: str, member: str, shard: str, grant: str, reason: str) -> None:
-    """A member no longer holds ``shard`` (no run of it is left)."""
-    if sink is not None:
-        sink.release(group=group, member=member, shard=shard, token=token_of(grant), reason=reason)
-
-
-def commit(*, revision: int, group: str = "", stream: str = "", at: float | None) -> None:
-    """A compare-and-set commit succeeded (``at``: when it was sent)."""
-    if sink is not None:
-        sink.commit(revision=revision, group=group, stream=stream, at=at)
-
-
-def fence(
-    *, group: str, shard: str, token: int, member: str, written: bool, at: float | None
-) -> None:
-    """An owner-fence write was answered (``at``: when it was sent)."""
-    if sink is not None:
-        sink.fence(group=group, shard=shard, token=token, member=member, written=written, at=at)
-
-
-def read(*, group: str, member: str, shard: str, grant: str, entries: int) -> None:
-    """A fenced read or takeover claim took ``entries`` entries, handed on under a
-    valid lease (recorded when the reply is handled: the read ran before)."""
-    if sink is not None:
-        sink.read(group=group, member=member, shard=shard, token=token_of(grant), entries=entries)
-
-
-def ack(
-    *, group: str, member: str, shard: str, grant: str, entries: Iterable[str], at: float | None
-) -> None:
-    """Entries read under ``grant`` were acknowledged (``at``: when the XACK was sent)."""
-    if sink is not None:
-        token = token_of(grant)
-        for entry in entries:
-            sink.ack(group=group, member=member, shard=shard, token=token, entry=entry, at=at)
-
-
-def migration(*, stream: str, phase: str, shards: Iterable[str] = (), at: float | None) -> None:
-    """A stream's layout was committed in migration ``phase`` (``at``: commit sent)."""
-    if sink is not None:
-        sink.migration(stream=stream, phase=phase, shards=shards, at=at)

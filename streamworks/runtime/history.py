@@ -24,10 +24,11 @@ __all__ = ("acked", "answered", "delivered", "released")
 def answered(worker: Worker, response: HeartbeatResponse, grants: Mapping[ShardId, str]) -> None:
     """``worker`` applied ``response``: it may read ``grants`` now, drains the revoked
     shards, and its lease (when the answer renewed it) lasts until ``expires_at``."""
-    if history.sink is None:
+    sink = history.sink
+    if sink is None:
         return
     status = str(response.status)
-    history.heartbeat(
+    sink.heartbeat(
         group=worker.group,
         member=worker.member_id,
         status=status,
@@ -41,39 +42,45 @@ def answered(worker: Worker, response: HeartbeatResponse, grants: Mapping[ShardI
 
 def released(worker: Worker, reader: ShardReader) -> None:
     """The last run of ``reader``'s shard ended: the member no longer holds it."""
-    if history.sink is not None and not reader.deletes_acked:
-        history.release(
+    sink = history.sink
+    if sink is not None and not reader.deletes_acked:
+        sink.release(
             group=worker.group,
             member=worker.member_id,
             shard=reader.shard_name,
-            grant=reader.token,
+            token=history.token_of(reader.token),
             reason=reader.stop_reason or "stopped",
         )
 
 
 def delivered(reader: ShardReader, entries: int) -> None:
     """A read or claim by ``reader`` took ``entries`` entries, handed on under a valid lease."""
-    if history.sink is not None and not reader.deletes_acked:
-        history.read(
+    sink = history.sink
+    if sink is not None and not reader.deletes_acked:
+        sink.read(
             group=reader.group,
             member=reader.consumer,
             shard=reader.shard_name,
-            grant=reader.token,
+            token=history.token_of(reader.token),
             entries=entries,
         )
 
 
 def acked(batch: Mapping[ShardReader, Sequence[Message]], at: float | None) -> None:
     """The entries of ``batch`` were acknowledged by one flush sent at ``at``."""
-    if history.sink is None:
+    sink = history.sink
+    if sink is None:
         return
     for reader, messages in batch.items():
-        if not reader.deletes_acked:
-            history.ack(
+        if reader.deletes_acked:
+            continue
+        token = history.token_of(reader.token)
+        for m in messages:
+            sink.ack(
                 group=reader.group,
                 member=reader.consumer,
                 shard=reader.shard_name,
-                grant=reader.token,
-                entries=[m._rid.decode() for m in messages],
+                token=token,
+                entry=m._rid.decode(),
                 at=at,
             )

@@ -238,6 +238,16 @@ def _has_uvloop() -> bool:
     return True
 
 
+def record_history() -> None:
+    """``STREAMWORKS_HISTORY_FILE``: append this process's protocol steps to that file,
+    for the trace check of a test run (``docs/protocol-model.md``). Unset: nothing is
+    recorded, and the testing package is not even imported."""
+    if os.environ.get("STREAMWORKS_HISTORY_FILE"):
+        from streamworks.testing.history import install_from_environment
+
+        install_from_environment()
+
+
 def configure_logging(level: str, fmt: str = "text") -> ContextFilter:
     """Log to stderr at ``level`` as ``fmt`` (``text`` or ``json``, see cli/logs.py)."""
     return _configure_logging(level, fmt)

@@ -16,6 +16,7 @@ from streamworks.cli.common import (
     fail,
     logging_options,
     make_settings,
+    record_history,
     redis_options,
     run_async,
     safe_url,
@@ -51,6 +52,7 @@ def coordinator(
     with the retryable COORDINATOR_TERMINATING, in-flight ones finish, then it exits.
     """
     configure_logging(log_level, log_format)
+    record_history()
     settings = make_settings(**flags)
     changes = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     if changes:

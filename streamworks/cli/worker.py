@@ -23,6 +23,7 @@ from streamworks.cli.common import (
     load_app,
     logging_options,
     make_settings,
+    record_history,
     redis_options,
     run_async,
     safe_url,
@@ -89,6 +90,7 @@ def worker(
     crashed ones and forwards the signals (docs/operations.md).
     """
     context = configure_logging(log_level, log_format)
+    record_history()
     app = load_app(target)
     context.fields["group"] = app.name
     if not app.handlers:

@@ -49,6 +49,7 @@ from streamworks.coordinator.core.clock_steps import ClockReading
 from streamworks.coordinator.core.streams import StreamMeta
 from streamworks.coordinator.core.tokens import parse_token
 from streamworks.coordinator.evidence import EvidenceReads
+from streamworks.coordinator.history import fences_answered, group_committed
 from streamworks.coordinator.leases import (
     LeaseOps,
     revision_of,
@@ -58,6 +59,7 @@ from streamworks.coordinator.leases import (
 from streamworks.coordinator.replication import ReplicaWaits, WaitLog
 from streamworks.coordinator.stream_store import StreamOps
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol import history
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.client import is_cluster
 from streamworks.redis.keyspace import Keyspace
@@ -436,6 +438,7 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
             self.keyspace.group_sequences(group_id),
         ]
         log = waits or self.waits.log()
+        sent = history.now()  # None unless a history is recorded
         reply = await self.waits.run("group_commit", keys, args, log)
         if waits is None:
             log.check(f"committing group {group_id!r}")
@@ -443,6 +446,7 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
             self._groups.pop(group.group_id, None)
             return None
         new_rev = revision_of(int(reply[1]), cid)
+        group_committed(group_id, new_rev, sent)
         self._groups[group.group_id] = (new_rev, group)
         return new_rev
 
@@ -534,7 +538,9 @@ class Store(EvidenceReads, LeaseOps, StreamOps):
             calls.append(("fence", keys, [fence.token, fence.member_id, known_token]))
         # One pipeline per node on a cluster, loading fence.lua where a node lost it.
         log = waits or self.waits.log()
+        sent = history.now()
         replies = await self.waits.run_many(calls, log)
+        fences_answered(group_id, fences, replies, sent)
         if waits is None:
             log.check(f"writing the owner fences of group {group_id!r}")
         refused = []

@@ -10,8 +10,10 @@ from typing import Any
 import orjson
 
 from streamworks.coordinator.core.streams import StreamMeta
+from streamworks.coordinator.history import stream_committed
 from streamworks.coordinator.leases import revision_of, split_revision
 from streamworks.exceptions import CoordinatorError
+from streamworks.protocol import history
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import ScriptCall
@@ -97,6 +99,7 @@ class StreamOps:
         """CAS-write a stream's metadata; the new rev, or None on conflict."""
         expected, expected_cid = split_revision(rev)
         cid = self._new_cid()
+        sent = history.now()  # None unless a history is recorded
         reply = await self.run_waited(
             "stream_commit",
             [self.keyspace.stream_meta(meta.name), self.keyspace.registry_streams()],
@@ -107,6 +110,7 @@ class StreamOps:
             self._streams.pop(meta.name, None)
             return None
         new_rev = revision_of(int(reply[1]), cid)
+        stream_committed(meta, new_rev, sent)
         self._streams[meta.name] = (new_rev, meta)
         return new_rev
 

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
+from streamworks.protocol.history import now
 from streamworks.redis.wire import run_batch
+from streamworks.runtime import history
 
 if TYPE_CHECKING:
     from streamworks.runtime.message import Message
@@ -93,6 +95,7 @@ class Acker:
                 if retried:
                     commands.append(["HDEL", reader.retry_key, *retried])
             failed = False
+            sent = now()  # None unless a history is recorded
             started = time.perf_counter()
             try:
                 replies = await run_batch(self._redis, commands)
@@ -101,6 +104,7 @@ class Acker:
                 errors = [r for r in replies if isinstance(r, Exception)]
                 if errors:
                     raise errors[0]
+                history.acked(batch, sent)
             except (RedisError, OSError) as e:
                 # The entries stay pending; their readers re-claim them (a duplicate
                 # delivery, never a loss).

@@ -52,6 +52,7 @@ from streamworks.protocol.control import HeartbeatRequest, HeartbeatResponse, He
 from streamworks.protocol.shards import ShardId
 from streamworks.protocol.transport import CoordinatorTransport
 from streamworks.redis.namespace import NamespaceCheck, where
+from streamworks.runtime import history
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -224,6 +225,7 @@ class CoordinatorAssignment:
             worker.drop_shards()
             self.epoch = 0
             self._full = True
+            history.answered(worker, response, {})
             return
         if response.key_prefix != worker.keyspace.prefix:
             log.error(
@@ -252,6 +254,7 @@ class CoordinatorAssignment:
             log.info("no longer owns %s (moved while its lease had lapsed)", _names(lost))
             worker.drop_shards(lost)
         worker.apply_assignment(grants)
+        history.answered(worker, response, grants)
 
     def _accepted_grants(self, worker: Worker, response: HeartbeatResponse) -> dict[ShardId, str]:
         """The grants to read under (shard -> fence token), without any whose token is

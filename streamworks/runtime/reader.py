@@ -36,6 +36,7 @@ from redis.exceptions import NoPermissionError, RedisError, ResponseError, TryAg
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.scripts import ReadStatus
 from streamworks.redis.wire import Arg, TransactionNotAtomic
+from streamworks.runtime import history
 from streamworks.runtime.dead_letter import parse_final
 from streamworks.runtime.message import Message, messages_from_entries
 
@@ -356,6 +357,7 @@ class ShardReader:
                     _apply_retry_record(message, record, now_ms, now)
                 messages.append(message)
         if messages:
+            history.delivered(self, len(messages))
             held.update([m._rid for m in messages])
             self.outstanding += len(messages)
             self._idle.clear()

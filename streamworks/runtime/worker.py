@@ -28,6 +28,7 @@ from streamworks.clock import Clock
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
+from streamworks.runtime import history
 from streamworks.runtime.acks import Acker
 from streamworks.runtime.execution import HandlerRuntime
 from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencyStore
@@ -253,6 +254,7 @@ class Worker:
             # has ended: only then is a drain reported.
             await reader.wait_idle()
             await self.runs.wait_ended([reader.shard_name])
+            history.released(self, reader)
             if self.readers.get(reader.shard) is reader:
                 del self.readers[reader.shard]
             self.revoking.discard(reader.shard)

@@ -9,9 +9,10 @@ time, reads happen only under the currently valid grant, and a shard's fencing t
 never decreases.
 
 Every line has ``t`` (seconds on the run's monotonic clock: one host's
-``CLOCK_MONOTONIC`` through :class:`~streamworks.clock.Clock`, so lines written by
-several processes of one host can be merged by time), ``kind``, and the fields of its
-kind:
+``CLOCK_BOOTTIME`` through :class:`~streamworks.clock.Clock`, so lines written by
+several processes of one host can be merged by time), ``w`` when the step was timed
+before it was written (``at``: then ``w`` is when it was written), ``kind``, and the
+fields of its kind:
 
 =============  ==========================================================================
 kind           fields
@@ -54,8 +55,13 @@ from typing import Any
 import orjson
 
 from streamworks.clock import Clock
+from streamworks.protocol import history
 
-__all__ = ("HistoryRecorder",)
+__all__ = ("ENV", "HistoryRecorder", "install_from_environment")
+
+#: The variable naming a history file every ``streamworks worker`` and ``streamworks
+#: coordinator`` process appends its steps to (``cli/common.py``: ``record_history``).
+ENV = "STREAMWORKS_HISTORY_FILE"
 
 #: Tokens beyond this are written as strings (orjson and many readers stop at 64 bits).
 _EXACT_INT = 2**63 - 1
@@ -262,6 +268,22 @@ class HistoryRecorder:
         fd = self._fd
         if fd is None:
             return
-        t = self._clock.monotonic() if at is None else at
-        line = orjson.dumps({"t": t, "kind": kind, **fields})
+        now = self._clock.monotonic()
+        # ``w``: when a step timed earlier (``at``) was written; a process's lines
+        # are in ``w`` order (one event loop writes them), not necessarily in ``t``.
+        record = {"t": now, "kind": kind} if at is None else {"t": at, "w": now, "kind": kind}
+        line = orjson.dumps({**record, **fields})
         os.write(fd, line + b"\n")
+
+
+def install_from_environment() -> HistoryRecorder | None:
+    """Record this process's protocol steps into the file :data:`ENV` names, if set
+    (``{pid}`` in it: this process's id): the recorder becomes the process's sink
+    (``streamworks.protocol.history``)."""
+    path = os.environ.get(ENV)
+    if not path:
+        return None
+    # One file per process (``{pid}``) keeps each file in write order (``w``).
+    recorder = HistoryRecorder(path.replace("{pid}", str(os.getpid())))
+    history.install(recorder)
+    return recorder

@@ -5,7 +5,10 @@
 
 Prints the seed, the replay command and the fault schedule first, progress while it
 runs, and the figures at the end (also in ``<workdir>/report.md`` and
-``report.json``). Exit status 0 when the checker passed, 1 when it did not.
+``report.json``). Every worker and coordinator records its protocol steps
+(``<workdir>/history/``) and the trace check replays them at the end
+(``docs/protocol-model.md``). Exit status 0 when the checker and the trace check
+passed, 1 when one did not.
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ from tests.chaos.checker import (
 )
 from tests.chaos.proxy import ProxyHub
 from tests.chaos.schedule import KINDS, Fault, format_schedule, make_schedule
+from tests.chaos.trace_check import check_directory, record_history
 from tests.e2e.harness import FAST_TIMERS, Cluster, Proc, free_port, wait_ready, wait_until
 
 __all__ = ("ChaosConfig", "ChaosResult", "ChaosRun", "run_chaos")
@@ -100,6 +101,7 @@ class ChaosConfig:
     progress_every: float = 30.0
     quiet: bool = False
     acl: bool = False  # every process as its role's least-privilege ACL user
+    trace: bool = True  # record the protocol history and run the trace check on it
 
     def command(self) -> str:
         args = [
@@ -141,17 +143,19 @@ class ChaosResult:
     long_runs: int = 0
     unsubscribes: int = 0
     server: str = "Redis"
+    trace: tuple[bool, str] = (True, "not recorded")  # the trace check: passed, output
 
     @property
     def ok(self) -> bool:
-        return self.report.ok and not self.final_state
+        return self.report.ok and not self.final_state and self.trace[0]
 
     def config_kinds(self) -> list[str]:
         """Every fault kind the schedule knows."""
         return list(KINDS)
 
     def failures(self) -> list[str]:
-        return [*self.report.failures(), *self.final_state]
+        trace = [] if self.trace[0] else [self.trace[1]]
+        return [*self.report.failures(), *self.final_state, *trace]
 
     def table(self) -> str:
         """The figures, as a Markdown table."""
@@ -260,6 +264,7 @@ class ChaosResult:
                 f"{logs.get('lag repairs', 0)}",
             )
         )
+        rows.append(("**trace check** (docs/protocol-model.md)", self.trace[1].splitlines()[0]))
         rows.append(("verdict", "PASS" if self.ok else "FAIL"))
         width = max(len(a) for a, _ in rows)
         lines = [f"| {'figure'.ljust(width)} | value |", f"|{'-' * (width + 2)}|-------|"]
@@ -273,6 +278,7 @@ class ChaosResult:
             "command": self.config.command(),
             "config": {k: str(v) for k, v in asdict(self.config).items()},
             "ok": self.ok,
+            "trace": self.trace[1],
             "published": self.published,
             "publish_attempts_failed": self.publish_attempts_failed,
             "publish_errors": dict(self.publish_errors),
@@ -684,6 +690,8 @@ class ChaosRun:
         await anyio.to_thread.run_sync(self.redis_server.start)
         self.hub = ProxyHub()
         self.cluster = Cluster(self.redis_server.url, PREFIX, workdir)
+        if config.trace:  # every worker and coordinator: a history file of its own
+            record_history(self.cluster.base_env, workdir / "history")
         settings = Settings(redis_url=self.redis_server.url, key_prefix=PREFIX)
         from streamworks.redis.client import create_redis
 
@@ -725,6 +733,9 @@ class ChaosRun:
                 final_state += await self._acl_refusals()
                 tg.cancel_scope.cancel()
             report = await self._check()
+            if config.trace:
+                trace = await anyio.to_thread.run_sync(check_directory, workdir / "history")
+                self.say(trace[1])
         finally:
             await self._teardown()
             loop.set_exception_handler(default_handler)
@@ -760,6 +771,7 @@ class ChaosRun:
             long_runs=self.long_runs,
             unsubscribes=self.unsubscribes,
             server=self.server,
+            **({"trace": trace} if config.trace else {}),
         )
         (workdir / "report.json").write_text(json.dumps(result.as_json(), indent=2))
         (workdir / "report.md").write_text(result.table() + "\n")

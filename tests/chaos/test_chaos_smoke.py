@@ -9,9 +9,11 @@ scale of the stream. Handlers take up to 4 s now and then, half the workers run 
 plain ``def`` handler (a sync run past its lease fail-stops its worker: exit 75,
 restarted), and a second group subscribes mid-run, is unsubscribed through
 ``streamworks admin unsubscribe`` and subscribes again. The checker compares run
-*intervals* across members per shard and group. ``CHAOS_SEED=<n>`` runs another
-schedule; the seed and the replay command are printed either way (pytest shows them
-when the test fails).
+*intervals* across members per shard and group; the trace check replays the
+protocol steps every process recorded against the model's invariants
+(``tests/chaos/trace_check.py``) and prints the first offending step, if any.
+``CHAOS_SEED=<n>`` runs another schedule; the seed and the replay command are
+printed either way (pytest shows them when the test fails).
 
 The server is the one ``find_server_binary()`` finds: the embedded Valkey 8.1, or
 ``STREAMWORKS_REDIS_SERVER`` (CI's second run: the machine's Redis 7.0, whose AOF
@@ -50,6 +52,8 @@ async def test_chaos_smoke_every_fault_kind_nothing_lost(
         acl=streamworks_acl,  # --redis-acl: every process as its role's ACL user
     )
     result = await run_chaos(config)
+    # The recorded protocol history satisfies the model's invariants (trace_check.py).
+    assert result.trace[0], result.trace[1]
     assert result.published > 1000, result.table()
     # Every kind of fault happened (and completed).
     assert not result.faults_failed, result.faults_failed

@@ -3,6 +3,7 @@ its first offending step, with the invariant it breaks (docs/protocol-model.md).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from streamworks.testing.history import HistoryRecorder
+from streamworks.protocol import history
+from streamworks.testing.history import ENV, HistoryRecorder, install_from_environment
 from tests.chaos.trace_check import TraceViolation, check_history, main
 
 G = "billing"
@@ -180,9 +182,24 @@ def test_a_read_under_an_older_token_fails(run: Run) -> None:
     run.read(11.0, "a", S, 1)
     with pytest.raises(TraceViolation) as caught:
         check_history([run.path])
+    # The grant is the first offending step: a valid grant below the newest one.
     assert caught.value.invariant == "tokens never decrease"
+    assert caught.value.step.kind == "heartbeat"
+    assert "a is given orders/0@0 under token 1 after token 2 was granted to b" in (
+        caught.value.why
+    )
+
+
+def test_a_read_under_an_older_token_fails_without_its_grant_recorded(run: Run) -> None:
+    # Only the reads tell: b read under token 2 (its grant not in the history, e.g. a
+    # process whose file was lost), then a under token 1 it holds.
+    run.beat(1.0, "a", {S: 1}, lease=20.0)
+    run.rec.read(group=G, member="b", shard=S, token=2, entries=1, at=2.0)
+    run.read(3.0, "a", S, 1)
+    with pytest.raises(TraceViolation) as caught:
+        check_history([run.path])
+    assert caught.value.invariant in ("reads under the valid grant", "tokens never decrease")
     assert caught.value.step.kind == "read"
-    assert "a read orders/0@0 under token 1 after a read under 2" in caught.value.why
 
 
 def test_a_read_under_a_grant_that_is_not_the_newest_fails(run: Run) -> None:
@@ -215,11 +232,23 @@ def test_a_read_without_a_grant_or_past_the_lease_fails(run: Run) -> None:
         check_history([fresh.path])
 
 
-def test_an_ack_after_fenced_or_by_a_former_owner_fails(run: Run) -> None:
+def test_an_ack_after_fenced_past_the_old_lease_or_by_a_former_owner_fails(run: Run) -> None:
     run.beat(1.0, "a", {S: 1}, lease=10.0)
     run.beat(2.0, "a", {}, lease=10.0, status="FENCED")
+    # A sync run in flight at the answer settles within the lease a held (the runtime
+    # keeps its expiry: nobody else is granted the shard before).
     run.ack(2.5, "a", S, 1)
-    with pytest.raises(TraceViolation, match="a acked 1-0 of orders/0@0 without holding it"):
+    run.ack(10.5, "a", S, 1, entry="2-0")
+    with pytest.raises(TraceViolation, match="a acked 2-0 of orders/0@0 without holding it"):
+        check_history([run.path])
+
+
+def test_an_ack_after_fenced_and_a_new_grant_fails(run: Run) -> None:
+    run.beat(1.0, "a", {S: 1}, lease=3.0)
+    run.beat(2.0, "a", {}, lease=3.0, status="UNKNOWN_MEMBER")
+    run.beat(3.5, "b", {S: 2}, lease=10.0, epoch=2)
+    run.ack(3.6, "a", S, 1)  # past a's lease, and b holds it
+    with pytest.raises(TraceViolation, match="a acked 1-0 of orders/0@0"):
         check_history([run.path])
 
 
@@ -240,9 +269,47 @@ def test_a_malformed_line_or_time_going_back_fails(run: Run) -> None:
     with pytest.raises(TraceViolation, match="time goes back within its file"):
         check_history([run.path])
     run.path.write_text('{"t": 1.0, "kind": "read"}\nnot json\n')
+    with pytest.raises(TraceViolation, match="not JSON") as caught:
+        check_history([run.path])
+    assert caught.value.step.where.endswith(":2")  # every line is parsed before the replay
+    run.path.write_text('{"t": 1.0, "kind": "read"}\n')
     with pytest.raises(TraceViolation, match="well-formed") as caught:
         check_history([run.path])
     assert caught.value.step.where.endswith(":1")  # the read lacks its fields
+
+
+def test_a_commit_below_an_earlier_revision_fails(run: Run) -> None:
+    run.rec.commit(group=G, revision=(5 << 128) | 3, at=1.0)
+    run.rec.commit(stream="orders", revision=(2 << 128) | 1, at=1.5)  # another entity
+    run.rec.commit(group=G, revision=(6 << 128) | 9, at=2.0)
+    run.rec.commit(group=G, revision=(6 << 128) | 9, at=3.0)  # the same one again
+    with pytest.raises(TraceViolation) as caught:
+        check_history([run.path])
+    assert caught.value.invariant == "revisions only grow"
+    assert caught.value.step.where.endswith(":4")
+
+
+def test_a_read_of_a_retired_shard_fails(run: Run) -> None:
+    run.beat(1.0, "a", {S: 1, S1: 1}, lease=10.0)
+    run.read(1.5, "a", S1, 1)
+    run.rec.migration(stream="orders", phase="DRAINING", shards=[S1], at=2.0)
+    run.read(2.5, "a", S1, 1)  # still draining: fine
+    run.rec.migration(stream="orders", phase="NONE", shards=[S1], at=3.0)
+    run.read(3.5, "a", S, 1)
+    run.read(4.0, "a", S1, 1)
+    with pytest.raises(TraceViolation) as caught:
+        check_history([run.path])
+    assert caught.value.invariant == "no entry after retirement"
+    assert caught.value.step.where.endswith(":7")
+
+
+def test_steps_timed_before_they_were_written_are_replayed_in_time_order(run: Run) -> None:
+    # b's grant is written before a's read, but the read happened first: in order of
+    # ``t`` a read under a's valid grant, then the handover.
+    run.beat(1.0, "a", {S: 1}, lease=3.0)
+    run.beat(4.0, "b", {S: 2}, lease=10.0)
+    run.read(2.0, "a", S, 1)  # written last, happened at 2.0
+    assert check_history([run.path]).steps == 3
 
 
 # ---------------------------------------------------------------- the command line
@@ -260,7 +327,7 @@ def test_the_cli_prints_the_first_offending_step(
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"trace check FAILED at {run.path}:15 (t=6.5): one valid holder"
     assert "c is given orders/0@0 (token 7) while b still holds it" in out[1]
-    assert out[2].startswith('  step: {"t":6.5,"kind":"heartbeat"')
+    assert out[2].startswith('  step: {"t":6.5,"w":')
     assert len(out) == 3
 
 
@@ -287,6 +354,32 @@ def test_the_cli_as_a_module(run: Run, tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- the recorder
+
+
+def test_the_library_records_nothing_until_a_sink_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert history.sink is None and history.now() is None  # the production default
+    monkeypatch.setenv(ENV, str(tmp_path / "{pid}.jsonl"))
+    recorder = install_from_environment()
+    try:
+        sink = history.sink
+        assert recorder is not None and sink is recorder
+        assert history.now() is not None
+        sink.heartbeat(
+            group=G, member="a", status="OK", member_epoch=1, group_epoch=1,
+            assigned={S: history.token_of("7:a")}, lease_until=1e9,
+        )  # fmt: skip
+        sink.read(group=G, member="a", shard=S, token=7, entries=3)
+        sink.ack(group=G, member="a", shard=S, token=7, entry="1-0", at=history.now())
+    finally:
+        history.install(None)
+        assert recorder is not None
+        recorder.close()
+    (path,) = tmp_path.iterdir()
+    assert path.name == f"{os.getpid()}.jsonl"
+    summary = check_history([path])
+    assert summary.kinds == {"heartbeat": 1, "read": 1, "ack": 1}
 
 
 def test_a_disabled_recorder_writes_nothing(tmp_path: Path) -> None:

@@ -14,10 +14,19 @@ invariants (``spec/properties.qnt``), checked step by step:
 * **reads under the valid grant** (ProcessUnderValidGrant): a read is by a member that
   holds the shard under that token and a valid lease, under the newest grant answered
   for the shard and under the newest fence written for it; an ack is by the newest
-  grant's member, under a valid lease, with a token no newer than that grant;
+  grant's member, under a valid lease, with a token no newer than that grant (a run
+  in flight when an answer took its shard away — ``FENCED``, ``UNKNOWN_MEMBER``, not
+  listed — may still settle under the lease held before that answer, as the runtime
+  lets it: ``Lease.expire`` keeps the expiry, before which nobody else is granted it);
 * **tokens never decrease** (FencingTokenMonotone, FenceNeverRegresses): no read of a
-  shard uses a token below one an earlier read used, and no fence is written below one
-  written before.
+  shard uses a token below one an earlier read used, no fence is written below one
+  written before, and no member is validly given a shard under a token below the
+  newest one granted for it;
+* **revisions only grow**: the compare-and-set commits of a group's (a stream's)
+  metadata, in the order they were sent, have increasing revisions (a stale writer
+  never overwrote a newer commit);
+* **no entry after retirement** (NoEntryLost, in part): no read takes entries of a
+  shard after a migration's commit recorded it retired.
 
 The first offending step is printed with its file and line, and the exit status is 1;
 a history that passes prints one summary line and exits with 0.
@@ -26,16 +35,23 @@ a history that passes prints one summary line and exits with 0.
 from __future__ import annotations
 
 import argparse
-import heapq
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-__all__ = ("Step", "TraceViolation", "check_history", "load_steps", "main")
+__all__ = (
+    "Step",
+    "TraceViolation",
+    "check_directory",
+    "check_history",
+    "load_steps",
+    "main",
+    "record_history",
+)
 
 #: Answers after which a member holds nothing (it drops every shard and rejoins).
 _DROP_ALL = frozenset({"FENCED", "UNKNOWN_MEMBER"})
@@ -90,6 +106,15 @@ def _int(value: object, step: Step) -> int:
     raise TraceViolation(step, "well-formed", f"a token must be an integer, not {value!r}")
 
 
+def _revision(value: object, step: Step) -> int:
+    """A revision as written: an integer (``rev << 128 | cid``, as the coordinator
+    keeps it) or ``"<rev>:<cid>"`` (as its scripts compare it)."""
+    if isinstance(value, str) and ":" in value:
+        rev, _, cid = value.partition(":")
+        return (_int(rev, step) << 128) | _int(cid, step)
+    return _int(value, step)
+
+
 def _parse(path: Path) -> Iterator[tuple[float, int, Step]]:
     with path.open("rb") as f:
         for number, line in enumerate(f, 1):
@@ -103,35 +128,43 @@ def _parse(path: Path) -> Iterator[tuple[float, int, Step]]:
                 raise TraceViolation(step, "well-formed", f"not JSON: {e}") from e
             if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
                 raise TraceViolation(step, "well-formed", "a step is an object with a 'kind'")
-            t = record.get("t")
-            if isinstance(t, bool) or not isinstance(t, int | float):
+            t, w = record.get("t"), record.get("w", record.get("t"))
+            if any(isinstance(x, bool) or not isinstance(x, int | float) for x in (t, w)):
                 raise TraceViolation(step, "well-formed", "a step needs a numeric time 't'")
             step = Step(float(t), record["kind"], record, step.where, text)
-            yield step.t, number, step
+            yield float(w), number, step
 
 
 def load_steps(paths: Sequence[Path]) -> Iterator[Step]:
-    """The steps of every file, merged by time (a file's own order breaks ties).
+    """The steps of every file, ordered by the time they happened (``t``; the files'
+    order, then a file's own order, break ties).
+
+    A file is written in order (``w``, the time a step was written, or ``t``); a step
+    timed before it was written (a read, an ack, a commit: ``at``) may come after
+    steps that happened later, so the files are sorted, not merged.
 
     Raises:
         TraceViolation: a line is not a well-formed step, or a file goes back in time.
     """
-    streams = []
-    for index, path in enumerate(paths):
-        streams.append(((t, index, n, s) for t, n, s in _monotone(_parse(path))))
-    for _, _, _, step in heapq.merge(*streams):
+    keyed = [
+        (step.t, index, n, step)
+        for index, path in enumerate(paths)
+        for _, n, step in _monotone(_parse(path))
+    ]
+    keyed.sort(key=lambda k: k[:3])
+    for _, _, _, step in keyed:
         yield step
 
 
 def _monotone(steps: Iterable[tuple[float, int, Step]]) -> Iterator[tuple[float, int, Step]]:
     last = float("-inf")
-    for t, n, step in steps:
-        if t < last:
+    for w, n, step in steps:
+        if w < last:
             raise TraceViolation(
-                step, "well-formed", f"time goes back within its file ({t} < {last})"
+                step, "well-formed", f"time goes back within its file ({w} < {last})"
             )
-        last = t
-        yield t, n, step
+        last = w
+        yield w, n, step
 
 
 @dataclass(slots=True)
@@ -139,9 +172,24 @@ class _Member:
     holds: dict[str, int] = field(default_factory=dict)  # shard -> token (reading or draining)
     draining: set[str] = field(default_factory=set)
     lease_until: float = float("-inf")
+    # Shards an answer took away (FENCED, UNKNOWN_MEMBER, not listed): their runs in
+    # flight may still settle until the lease the member held then (Lease.expire keeps
+    # its expiry: the coordinator cannot hand the shard on before), reading nothing.
+    settling: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def valid(self, shard: str, t: float) -> bool:
         return shard in self.holds and t < self.lease_until
+
+    def may_settle(self, shard: str, token: int, t: float) -> bool:
+        if self.valid(shard, t):
+            return True
+        kept = self.settling.get(shard)
+        return kept is not None and kept[0] == token and t < kept[1]
+
+    def took_away(self, before: dict[str, int], lease: float) -> None:
+        for shard, token in before.items():
+            if shard not in self.holds:
+                self.settling[shard] = (token, lease)
 
 
 @dataclass(slots=True)
@@ -172,6 +220,8 @@ class _Replay:
     def __init__(self) -> None:
         self.members: dict[tuple[str, str], _Member] = {}
         self.shards: dict[tuple[str, str], _Shard] = {}
+        self.revisions: dict[tuple[str, str], int] = {}  # (group|stream, name) -> newest
+        self.retired: dict[str, set[str]] = {}  # stream -> shards a migration retired
         self.summary = Summary()
 
     def member(self, group: str, member: str) -> _Member:
@@ -199,10 +249,12 @@ class _Replay:
         group, name = step.text("group"), step.text("member")
         me = self.member(group, name)
         status = step.text("status")
+        held, lease = dict(me.holds), me.lease_until
         if status in _DROP_ALL:
             me.holds.clear()
             me.draining.clear()
             me.lease_until = min(me.lease_until, step.t)
+            me.took_away(held, lease)
             return
         assigned = {shard: _int(token, step) for shard, token in step.fields["assigned"].items()}
         revoke = set(step.fields.get("revoke") or ())
@@ -223,15 +275,24 @@ class _Replay:
         if lease_until is not None:
             me.lease_until = float(lease_until)
         me.holds = kept
+        me.took_away(held, lease)
         for shard in sorted(kept):
             token = kept[shard]
             if before.get(shard) == token:
                 continue  # held under a valid lease before this answer too
             state = self.shard(group, shard)
-            if state.grant is None or token >= state.grant[0]:
+            newest = state.grant
+            if newest is None or token >= newest[0]:
                 state.grant = (token, name)
             if me.valid(shard, step.t):
                 self._check_exclusive(step, group, name, shard, token)
+                if newest is not None and token < newest[0]:
+                    raise TraceViolation(
+                        step,
+                        "tokens never decrease",
+                        f"{name} is given {shard} under token {token} after token "
+                        f"{newest[0]} was granted to {newest[1]}",
+                    )
 
     def _check_exclusive(self, step: Step, group: str, name: str, shard: str, token: int) -> None:
         for (g, other), them in self.members.items():
@@ -249,6 +310,7 @@ class _Replay:
         if me.holds.get(shard) == step.token():
             del me.holds[shard]
             me.draining.discard(shard)
+        me.settling.pop(shard, None)  # its last run ended: nothing more to settle
 
     def _on_read(self, step: Step) -> None:
         group, name, shard, token = (
@@ -256,6 +318,13 @@ class _Replay:
         )  # fmt: skip
         me = self.member(group, name)
         state = self.shard(group, shard)
+        if shard in self.retired.get(shard.partition("/")[0], ()):
+            raise TraceViolation(
+                step,
+                "no entry after retirement",
+                f"{name} read {step.fields.get('entries')} entries of {shard} after a "
+                "migration retired it (its drain evidence was wrong)",
+            )
         if not me.valid(shard, step.t) or me.holds[shard] != token:
             held = me.holds.get(shard)
             raise TraceViolation(
@@ -293,7 +362,7 @@ class _Replay:
         )  # fmt: skip
         me = self.member(group, name)
         grant = self.shard(group, shard).grant
-        if not (shard in me.holds and step.t < me.lease_until):
+        if not me.may_settle(shard, token, step.t):
             raise TraceViolation(
                 step,
                 "reads under the valid grant",
@@ -324,12 +393,25 @@ class _Replay:
         state.fence = (token, member)
 
     def _on_commit(self, step: Step) -> None:
-        if not isinstance(step.fields["revision"], str | int):
-            raise TraceViolation(step, "well-formed", "a commit needs its 'revision'")
+        # Timed when sent: a commit that succeeds after another was sent after that
+        # one succeeded (it loaded what that one wrote), so send order is commit order.
+        revision = _revision(step.fields["revision"], step)
+        what = ("group", step.fields.get("group")) if step.fields.get("group") else None
+        what = what or ("stream", step.text("stream"))
+        last = self.revisions.get(what)
+        if last is not None and revision <= last:
+            raise TraceViolation(
+                step,
+                "revisions only grow",
+                f"{what[0]} {what[1]!r} committed revision {revision} after {last} "
+                "(a compare-and-set that let a stale writer through, or a lost commit)",
+            )
+        self.revisions[what] = revision
 
     def _on_migration(self, step: Step) -> None:
-        step.text("stream")
-        step.text("phase")
+        stream = step.text("stream")
+        if step.text("phase") == "NONE":  # its shards: the retired ones
+            self.retired.setdefault(stream, set()).update(step.fields.get("shards") or ())
 
 
 def check_history(paths: Sequence[Path]) -> Summary:
@@ -342,6 +424,27 @@ def check_history(paths: Sequence[Path]) -> Summary:
     for step in load_steps(paths):
         replay.apply(step)
     return replay.summary
+
+
+def record_history(env: MutableMapping[str, str], directory: Path) -> Path:
+    """Make every ``streamworks`` process started with ``env`` record its protocol
+    steps in a file of its own in ``directory`` (``STREAMWORKS_HISTORY_FILE``, with
+    ``{pid}``); returns ``directory`` (created), for :func:`check_directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    env["STREAMWORKS_HISTORY_FILE"] = str(directory / "{pid}.jsonl")
+    return directory
+
+
+def check_directory(directory: Path) -> tuple[bool, str]:
+    """Check the history files (``*.jsonl``) of ``directory`` (a run's processes, one
+    file each): whether they pass, and the summary line or the first offending step."""
+    files = sorted(directory.glob("*.jsonl"))
+    if not files:
+        return False, f"trace check: no history recorded in {directory}"
+    try:
+        return True, check_history(files).line()
+    except TraceViolation as e:
+        return False, e.report()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

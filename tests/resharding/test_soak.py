@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.chaos.trace_check import check_directory, record_history
 from tests.e2e.harness import (
     STREAM,
     Cluster,
@@ -98,6 +99,8 @@ async def test_eight_to_three_to_twelve_under_load_with_worker_restarts(
     seed = int(os.environ.get("RESHARDING_SEED") or time.time_ns() % 2**31)
     print(f"\nrandom seed {seed} (RESHARDING_SEED={seed} replays it)")
     rng = random.Random(seed)
+    # Every process records its protocol steps; the history is checked at the end.
+    history = record_history(cluster.base_env, cluster.workdir / "history")
     coordinator = cluster.start_coordinator(STREAMWORKS_ROUTING_LEASE="2")
     await wait_ready(coordinator)
     async with cluster.client() as client:
@@ -185,6 +188,13 @@ async def test_eight_to_three_to_twelve_under_load_with_worker_restarts(
                 disorder.append((run, entries[j - 1], entries[j]))
                 break
     assert not disorder, f"{len(disorder)} key runs out of order, e.g. {disorder[:3]}"
+
+    # The recorded history satisfies the model's invariants (tests/chaos/trace_check.py),
+    # and it saw the migrations' phases.
+    ok, report = check_directory(history)
+    print(report)
+    assert ok, report
+    assert "migration" in report, report
 
 
 def _on_version(publisher: Publisher, version: int) -> int:

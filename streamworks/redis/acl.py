@@ -195,8 +195,9 @@ PATHS: dict[Role, tuple[Path, ...]] = {
             scripts=("delay_move",),
         ),
         # The mover waits on its shard's wake stream in the shared idle wait (a plain
-        # XREAD of a stream that only ever holds a due time, runtime/delay_mover.py).
-        Path("wait for an earlier delayed message", ("delayed",), ("xread",)),
+        # XREAD of a stream that only ever holds a due time, runtime/delay_mover.py):
+        # one XREAD BLOCK names shard streams and wake streams, so one selector.
+        Path("wait for an earlier delayed message", ("stream", "delayed"), ("xread",)),
         Path("schedule ticks", ("fence", "schedule", "schedule"), scripts=("schedule_tick",)),
         Path("rate limits", rest=("rate",), scripts=("rate_take",)),
     ),

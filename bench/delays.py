@@ -34,6 +34,8 @@ import common
 from common import KEYS, PAYLOAD, PREFIX, SHARDS, Suite
 from latency import _NoCoordinator, _paced, drive, percentiles, sw_keys
 
+from streamworks import Message  # the handler's annotation is resolved at module level
+
 CONTESTANTS = ("immediate", "delayed")
 STREAM = "lat"  # latency.sw_keys() builds this stream's keys
 WARMUP = 0.5
@@ -97,7 +99,7 @@ async def consumer(
 ) -> dict[str, Any]:
     import anyio
 
-    from streamworks import App, Message, Settings
+    from streamworks import App, Settings
     from streamworks.coordinator.provision import grant_token, write_fence
     from streamworks.protocol.shards import ShardId
     from streamworks.redis.client import create_redis
@@ -143,7 +145,7 @@ async def consumer(
 
 
 async def _one(suite: Suite, who: str, group: str, args: argparse.Namespace) -> dict[str, Any]:
-    from latency import create_group
+    from streamworks.coordinator.provision import create_group
     from streamworks.protocol.shards import ShardId
     from streamworks.redis.keyspace import Keyspace
     from streamworks.redis.scripts import Scripts
@@ -188,7 +190,9 @@ async def run_suite(suite: Suite, args: argparse.Namespace) -> dict[str, Any]:
             )
     summary: dict[str, Any] = {}
     for who, rs in runs.items():
-        summary[who] = {s: round(common.median([x[s] for x in rs]), 3) for s in ("p50", "p99", "max")}
+        summary[who] = {
+            stat: round(common.median([x[stat] for x in rs]), 3) for stat in ("p50", "p99", "max")
+        }
         summary[who]["early"] = sum(x["early"] for x in rs)
         summary[who]["rounds"] = [
             {k: round(v, 3) if isinstance(v, float) else v for k, v in x.items()} for x in rs

@@ -445,14 +445,17 @@ class App:
         key: str | None = None,
         event_id: str | None = None,
         headers: Mapping[str, str] | None = None,
+        delay: timedelta | float | None = None,
+        at: datetime | None = None,
     ) -> Published:
         """Publish from synchronous code (a Django/Flask view, a sync handler).
 
         In a thread other than the event loop's of an open connection (a worker's, a
         TestRuntime's, ``app.connect()``'s) the call is handed to that loop; inside
         ``connect_sync()`` it reuses that connection; otherwise it opens and closes a
-        connection around this message.
+        connection around this message. ``delay``/``at`` as in :meth:`publish`.
         """
+        timing: dict[str, Any] = {"delay": delay, "at": at}
         token = self._loop_token
         if token is not None and self._connection is not None:
             if threading.get_ident() == self._loop_thread:
@@ -462,17 +465,25 @@ class App:
                 )
             result: Published = anyio.from_thread.run(
                 functools.partial(
-                    self.publish, stream, value, key=key, event_id=event_id, headers=headers
+                    self.publish,
+                    stream,
+                    value,
+                    key=key,
+                    event_id=event_id,
+                    headers=headers,
+                    **timing,
                 ),
                 token=token,
             )
             return result
         if self._sync_publisher is not None:
             return self._sync_publisher.publish(
-                stream, value, key=key, event_id=event_id, headers=headers
+                stream, value, key=key, event_id=event_id, headers=headers, **timing
             )
         with self.connect_sync() as publisher:
-            return publisher.publish(stream, value, key=key, event_id=event_id, headers=headers)
+            return publisher.publish(
+                stream, value, key=key, event_id=event_id, headers=headers, **timing
+            )
 
 
 def _check_delay_parameters(fn: Any) -> None:

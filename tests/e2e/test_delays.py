@@ -90,6 +90,7 @@ async def test_publish_delay_and_at_from_the_cli(cluster: Cluster, redis: Any) -
     assert await delayed_total(redis, cluster.prefix) == 4
 
 
+@pytest.mark.seed("E22")
 @pytest.mark.timeout(300)
 async def test_sigkill_of_the_mover_loses_no_delayed_message_and_adds_none_twice(
     cluster: Cluster, redis: Any

@@ -141,10 +141,14 @@ async def test_publish_many_producer_routes_and_sync_publisher_take_delays(
         )
         assert [p.delayed for p in (*many, routed)] == [True, True, True]
         assert synced.entry_id is not None
+        synced_later = await anyio.to_thread.run_sync(
+            lambda: app.publish_sync("reminders", ["e"], delay=timedelta(minutes=5))
+        )
+        assert synced_later.delayed
         await wait_for(lambda: len(seen) == 1, 5, "the immediate one")
         await rt.advance(31 * 60)
-        await wait_for(lambda: len(seen) == 4, 5, "the delayed ones")
-        assert [v for v, _ in seen] == [["c"], ["a"], ["b"], {"user": "u-1"}]
+        await wait_for(lambda: len(seen) == 5, 5, "the delayed ones")
+        assert [v for v, _ in seen] == [["c"], ["e"], ["a"], ["b"], {"user": "u-1"}]
 
 
 async def test_bad_delays_are_refused_before_anything_is_sent(
@@ -182,6 +186,7 @@ async def test_bad_delays_are_refused_before_anything_is_sent(
         assert await rt.redis.xlen(rt.keyspace.stream(shard)) == 0
 
 
+@pytest.mark.seed("E18")
 async def test_dedup_by_event_id_covers_delayed_and_immediate_publishes(
     streamworks_runtime: Callable[..., TestRuntime],
 ) -> None:

@@ -210,8 +210,9 @@ class Producer:
                     if parsed is None:
                         retry.append(i)
                         continue
+                    entry_id, delay_id = _waiting(parsed[0])
                     published = Published(
-                        stream, str(route.shard), parsed[0], table.version, parsed[1]
+                        stream, str(route.shard), entry_id, table.version, parsed[1], delay_id
                     )
                 else:
                     delayed = parse_delay_add(reply, stream, str(route.shard), table.version)
@@ -328,6 +329,14 @@ class ProducerStatistics:
     duplicates: int = 0
     reroutes: int = 0
     not_durable: int = 0  # written, but fewer replicas than asked acknowledged in time
+
+
+def _waiting(entry_id: str) -> tuple[str | None, str | None]:
+    """``(entry id, delay id)`` of a dedup record's value: ``delayed:<id>`` while the
+    event's earlier publish still waits in the delayed set (``delay_add.lua``)."""
+    if entry_id.startswith("delayed:"):
+        return None, entry_id.removeprefix("delayed:")
+    return entry_id, None
 
 
 def _enough(waited: Any, replicas: int) -> bool:

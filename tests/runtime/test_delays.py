@@ -199,6 +199,9 @@ async def test_dedup_by_event_id_covers_delayed_and_immediate_publishes(
         assert again.duplicate and again.delay_id == first.delay_id and again.entry_id is None
         shard = ShardId.parse(first.shard)
         assert await rt.redis.zcard(rt.keyspace.delayed(shard)) == 1
+        waiting = await app.publish("reminders", 1, event_id="e-1")  # at once, while it waits
+        assert waiting.duplicate and waiting.delay_id == first.delay_id
+        assert waiting.entry_id is None
         await rt.advance(61)
         await wait_for(lambda: len(seen) == 1, 5, "the delayed one")
         at_once = await app.publish("reminders", 1, event_id="e-1")

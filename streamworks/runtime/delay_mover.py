@@ -140,7 +140,8 @@ class DelayMetrics(Collector):
     """The worker's delayed-message counters: messages moved per stream and the
     lateness of each move (registered on the worker's registry)."""
 
-    def __init__(self) -> None:
+    def __init__(self, group: str) -> None:
+        self.group = group
         self.moved_total: dict[str, int] = {}
         self.lateness: dict[str, FastHistogram] = {}
 
@@ -161,17 +162,17 @@ class DelayMetrics(Collector):
         moved = CounterMetricFamily(
             "streamworks_delayed_moved",
             "Delayed messages this worker moved into their shard's stream when due",
-            labels=["stream"],
+            labels=["group", "stream"],
         )
         for stream, n in sorted(self.moved_total.items()):
-            moved.add_metric([stream], n)
+            moved.add_metric([self.group, stream], n)
         yield moved
         lateness = HistogramMetricFamily(
             "streamworks_delayed_move_lateness_seconds",
             "Per move: how long after its earliest message was due it entered the stream "
             "(Redis clock)",
-            labels=["stream"],
+            labels=["group", "stream"],
         )
         for stream, h in sorted(self.lateness.items()):
-            lateness.add_metric([stream], h.buckets(), h.sum)
+            lateness.add_metric([self.group, stream], h.buckets(), h.sum)
         yield lateness

@@ -95,7 +95,7 @@ class Worker:
         self.fail_stop: Callable[[str], None] = exit_process
         self.metrics = WorkerMetrics(self)  # before the handlers: they bind histograms
         # Delayed messages moved into owned shards' streams (runtime/delay_mover.py).
-        self.delays = DelayMetrics()
+        self.delays = DelayMetrics(self.group)
         self.metrics.registry.register(self.delays)
         self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)
         self.acker.flush_seconds = self.metrics.ack_flush

@@ -73,7 +73,11 @@ async def test_a_delayed_message_waits_and_an_advance_makes_it_due(
         assert worker.delays.moved_total == {"reminders": 1}
         assert worker.lease.losses == 0
         metrics = await rt.worker_metrics()
-        assert 'streamworks_delayed_moved_total{stream="reminders"} 1.0' in metrics
+        assert 'streamworks_delayed_moved_total{group="g",stream="reminders"} 1.0' in metrics
+        assert (
+            'streamworks_delayed_move_lateness_seconds_count{group="g",stream="reminders"} 1.0'
+            in (metrics)
+        )
 
 
 async def test_real_time_delivers_it_when_due_and_never_before(

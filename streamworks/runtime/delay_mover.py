@@ -102,11 +102,10 @@ class DelayMover:
                 await clock.sleep(delay)
                 continue
             status = int(reply[0])
-            if status == -2:
-                return  # retired: the reader finds out too
-            if status == -1:
-                # Fenced: the reader's next read says so and stops us; until then (or a
-                # newer grant on the reader) try now and then.
+            if status in (-1, -2):
+                # Fenced, or the shard key is gone (retired): the reader's next read
+                # says so and stops, and this task with it. Until then (or a newer
+                # grant on the reader) look again now and then, never give up alone.
                 await clock.sleep(self.worker.settings.worker.block)
                 continue
             moved, next_due, now, oldest = (int(reply[i]) for i in (1, 3, 4, 5))

@@ -277,3 +277,29 @@ async def test_a_delayed_message_on_a_scaled_in_shard_blocks_it_then_is_handled_
             assert not await rt.redis.exists(getattr(rt.keyspace, name)(removed)), name
         await anyio.sleep(0.3)
         assert len(seen) == 1
+
+
+async def test_a_publish_that_becomes_the_earliest_wakes_the_mover(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    """The mover sleeps towards an hour-away message (and a 60 s safety poll); a
+    message due in 0.3 s is written to the shard's wake stream and moved when due,
+    not at the next poll."""
+    seen: list[tuple[Any, Message]] = []
+    app = reminder_app(seen)
+    settings = fast_settings()
+    settings = settings.model_copy(
+        update={"worker": settings.worker.model_copy(update={"delay_poll": 60.0})}
+    )
+    async with streamworks_runtime(app, settings=settings) as rt:
+        await app.publish("reminders", ["later"], delay=HOUR)
+        await rt.wait_assigned()
+        [worker] = rt.workers
+        # The mover waits (its wake key in the shared waiter; the reader waits alone).
+        await wait_for(lambda: worker.waiter.statistics()["waiting"] == 1, 5, "the mover asleep")
+        assert seen == []
+        soon = await app.publish("reminders", ["soon"], delay=0.3)
+        await wait_for(lambda: len(seen) == 1, 5, "the earlier message, well before the poll")
+        assert seen[0][0] == ["soon"]
+        assert soon.due_ms is not None
+        assert time.time() * 1000 - soon.due_ms < 3_000

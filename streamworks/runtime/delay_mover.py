@@ -47,8 +47,10 @@ log = logging.getLogger("streamworks.delays")
 #: Most messages moved by one ``delay_move.lua`` call (then it is called again at once).
 MOVE_BATCH = 500
 #: A next due time closer than this (s) is slept for without joining the shared waiter:
-#: a publish that becomes the earliest meanwhile is then at most this late.
-NEAR = 0.01
+#: a publish that becomes the earliest meanwhile is then at most this late. Joining costs
+#: a CLIENT UNBLOCK and a new XREAD of the shared wait, per move: a busy shard (a message
+#: due every few ms) would churn it continuously (docs/performance.md, delayed messages).
+NEAR = 0.05
 #: Lateness of a move (s): its earliest message's due time to the move, Redis clock.
 LATENESS_BUCKETS = (
     0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,

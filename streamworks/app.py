@@ -14,12 +14,14 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from streamworks.delay import due_from
 from streamworks.exceptions import ConfigurationError, NotConnectedError
 from streamworks.middleware import Middleware, PublishNext, check_middleware, compose_publish
 from streamworks.protocol.codec import Codec, JsonCodec
@@ -240,7 +242,10 @@ class App:
         """Decorate a function whose return value is published to ``stream``.
 
         Calling the decorated function runs it, publishes the result to the shard its
-        key routes to, and returns :class:`~streamworks.Published`.
+        key routes to, and returns :class:`~streamworks.Published`. The call also takes
+        the keyword-only ``delay=`` (timedelta or seconds) or ``at=`` (timezone-aware
+        datetime), which are not passed to the function: the message is then delayed
+        (docs/delays.md); a function with a parameter of either name is refused.
         """
         if stream not in self.streams:
             raise ConfigurationError(
@@ -250,9 +255,14 @@ class App:
 
         def decorate(fn: Callable[P, Any]) -> Callable[P, Awaitable[Published]]:
             is_async = inspect.iscoroutinefunction(fn)
+            _check_delay_parameters(fn)
 
             @functools.wraps(fn)
             async def publish(*args: P.args, **kwargs: P.kwargs) -> Published:
+                # Not the function's (refused at decoration): validated before it runs.
+                delay: Any = kwargs.pop("delay", None)
+                at: Any = kwargs.pop("at", None)
+                due_from(delay, at)
                 value = await fn(*args, **kwargs) if is_async else fn(*args, **kwargs)
                 return await self.publish(
                     stream,
@@ -260,6 +270,8 @@ class App:
                     key=key(value) if key else None,
                     event_id=event_id(value) if event_id else None,
                     headers=headers(value) if headers else None,
+                    delay=delay,
+                    at=at,
                 )
 
             return publish
@@ -313,13 +325,17 @@ class App:
         headers: Mapping[str, str] | None = None,
         min_replicas: int | None = None,
         replica_timeout: float | None = None,
+        delay: timedelta | float | None = None,
+        at: datetime | None = None,
     ) -> Published:
         """Publish one message to ``stream``.
 
         ``min_replicas``/``replica_timeout`` override the stream's durable publishing
         (``app.stream(min_replicas=...)``) for this call; see docs/cluster.md.
+        ``delay`` (timedelta or seconds) or ``at`` (timezone-aware datetime) delay the
+        message: it enters the stream when due (docs/delays.md).
         """
-        record = Record(value, key, event_id, headers)
+        record = Record(value, key, event_id, headers, delay, at)
         chain = self._chain_for(min_replicas, replica_timeout)
         if chain is None:
             producer = self.connection.producer
@@ -429,14 +445,17 @@ class App:
         key: str | None = None,
         event_id: str | None = None,
         headers: Mapping[str, str] | None = None,
+        delay: timedelta | float | None = None,
+        at: datetime | None = None,
     ) -> Published:
         """Publish from synchronous code (a Django/Flask view, a sync handler).
 
         In a thread other than the event loop's of an open connection (a worker's, a
         TestRuntime's, ``app.connect()``'s) the call is handed to that loop; inside
         ``connect_sync()`` it reuses that connection; otherwise it opens and closes a
-        connection around this message.
+        connection around this message. ``delay``/``at`` as in :meth:`publish`.
         """
+        timing: dict[str, Any] = {"delay": delay, "at": at}
         token = self._loop_token
         if token is not None and self._connection is not None:
             if threading.get_ident() == self._loop_thread:
@@ -446,17 +465,39 @@ class App:
                 )
             result: Published = anyio.from_thread.run(
                 functools.partial(
-                    self.publish, stream, value, key=key, event_id=event_id, headers=headers
+                    self.publish,
+                    stream,
+                    value,
+                    key=key,
+                    event_id=event_id,
+                    headers=headers,
+                    **timing,
                 ),
                 token=token,
             )
             return result
         if self._sync_publisher is not None:
             return self._sync_publisher.publish(
-                stream, value, key=key, event_id=event_id, headers=headers
+                stream, value, key=key, event_id=event_id, headers=headers, **timing
             )
         with self.connect_sync() as publisher:
-            return publisher.publish(stream, value, key=key, event_id=event_id, headers=headers)
+            return publisher.publish(
+                stream, value, key=key, event_id=event_id, headers=headers, **timing
+            )
+
+
+def _check_delay_parameters(fn: Any) -> None:
+    """``delay``/``at`` of a producer route's call are the publish's, never the function's."""
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return
+    clash = sorted(names & {"delay", "at"})
+    if clash:
+        raise ConfigurationError(
+            f"@app.producer function {getattr(fn, '__qualname__', fn)!r} has a parameter "
+            f"named {clash[0]!r}: that name is the publish's (delayed messages); rename it"
+        )
 
 
 def _check_hook(kind: str, fn: Any) -> Hook:
@@ -489,10 +530,19 @@ class SyncPublisher:
         key: str | None = None,
         event_id: str | None = None,
         headers: Mapping[str, str] | None = None,
+        delay: timedelta | float | None = None,
+        at: datetime | None = None,
     ) -> Published:
         result: Published = self._portal.call(
             functools.partial(
-                self._app.publish, stream, value, key=key, event_id=event_id, headers=headers
+                self._app.publish,
+                stream,
+                value,
+                key=key,
+                event_id=event_id,
+                headers=headers,
+                delay=delay,
+                at=at,
             )
         )
         return result

@@ -116,7 +116,9 @@ class TracingMiddleware(Middleware):
                 ]
             published = await call_next(stream, records)
             if len(published) == 1:
-                span.set_attribute("messaging.message.id", published[0].entry_id)
+                # A delayed message has no entry id yet (it gets one when due).
+                message_id = published[0].entry_id or published[0].delay_id or ""
+                span.set_attribute("messaging.message.id", message_id)
                 span.set_attribute("messaging.destination.partition.id", published[0].shard)
             return published
 

@@ -39,6 +39,15 @@ class WorkerSettings(BaseModel):
     idle_poll: float = Field(
         0.05, gt=0, le=5, description="poll period of idle shards on a Redis Cluster (s)"
     )
+    delay_poll: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description=(
+            "longest wait of a shard's delayed-message mover between two checks (s); it "
+            "also wakes at the next due time and when a publish becomes the earliest"
+        ),
+    )
     shutdown_timeout: float = Field(30.0, ge=0, description="in-flight time on SIGTERM (s)")
     lease_grace: float | None = Field(
         None,

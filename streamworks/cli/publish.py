@@ -8,6 +8,8 @@ refuses a Redis or key prefix the coordinator does not serve); never a raw ``XAD
 Input: one JSON ``VALUE`` argument, or JSON lines from stdin (``-``) or ``--file``.
 Lines are published in order, in batches; a line that is not JSON stops the command
 with its line number, after everything before it was published and nothing after.
+``--delay 30m`` / ``--at 2027-01-01T09:00:00+01:00`` delay every message published
+(docs/delays.md).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,6 +37,8 @@ from streamworks.cli.common import (
     run_async,
 )
 from streamworks.cli.output import echo_json, make_console
+from streamworks.delay import due_from
+from streamworks.durations import parse_duration
 from streamworks.exceptions import ConfigurationError, StreamworksError
 from streamworks.protocol.codec import JsonCodec
 from streamworks.protocol.shards import validate_name
@@ -88,6 +93,14 @@ def _header(ctx: click.Context, param: click.Parameter, values: tuple[str, ...])
     "--records", is_flag=True,
     help='each line is {"value": ..., "key": ..., "event_id": ..., "headers": {...}}',
 )  # fmt: skip
+@click.option(
+    "--delay", "delay_text", metavar="DURATION",
+    help="deliver when due, this long from now (e.g. 30s, 5m, 1.5h, 2d)",
+)  # fmt: skip
+@click.option(
+    "--at", "at_text", metavar="ISO8601",
+    help="deliver when due at this instant, with its offset (2027-01-01T09:00:00+01:00)",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="one JSON line per published message")
 @redis_options
 @coordinator_options
@@ -99,6 +112,8 @@ def publish(
     headers: dict[str, str],
     path: Path | None,
     records: bool,
+    delay_text: str | None,
+    at_text: str | None,
     as_json: bool,
     **flags: Any,
 ) -> None:
@@ -108,6 +123,7 @@ def publish(
       streamworks publish orders '{"id": 1, "amount": 5}' --key customer-7
       streamworks publish orders --file orders.jsonl --key customer-7
       cat orders.jsonl | streamworks publish orders - --json
+      streamworks publish reminders '{"user": "u-1"}' --delay 30m
     """
     try:
         validate_name("stream", stream)
@@ -122,6 +138,7 @@ def publish(
         fail("--event-id names one message: give it per line with --records", 2)
     if records and not lines:
         fail("--records reads JSON lines (stdin or --file)", 2)
+    timing = _timing(delay_text, at_text)
     single: Record | None = None
     if not lines:
         assert value is not None
@@ -129,7 +146,7 @@ def publish(
             parsed = orjson.loads(value)
         except orjson.JSONDecodeError as e:
             fail(f"VALUE is not JSON ({e}); a string needs quotes: '\"text\"'", 2)
-        single = Record(parsed, key=key, event_id=event_id, headers=headers or None)
+        single = Record(parsed, key=key, event_id=event_id, headers=headers or None, **timing)
     settings = make_settings(**flags)
 
     async def run(settings: Settings) -> None:
@@ -154,16 +171,46 @@ def publish(
                 if path is not None:
                     with path.open("rb") as source:
                         await _publish_lines(
-                            producer, stream, source, key, headers, records, as_json, path
+                            producer, stream, source, key, headers, records, as_json, path, timing
                         )
                 else:
                     await _publish_lines(
-                        producer, stream, sys.stdin.buffer, key, headers, records, as_json, None
-                    )
+                        producer, stream, sys.stdin.buffer, key, headers, records, as_json, None,
+                        timing,
+                    )  # fmt: skip
         finally:
             await redis.aclose()
 
     run_async(run)(settings)
+
+
+def _timing(delay_text: str | None, at_text: str | None) -> dict[str, Any]:
+    """``delay``/``at`` of every record, from ``--delay``/``--at``; exits 2 on bad input."""
+    if delay_text is not None and at_text is not None:
+        fail("give --delay or --at, not both", 2)
+    try:
+        if delay_text is not None:
+            if delay_text.strip().startswith("-"):
+                fail(f"--delay {delay_text!r} is negative: a message cannot be due in the past", 2)
+            delay: timedelta = parse_duration(delay_text, what="--delay")
+            due_from(delay)
+            return {"delay": delay}
+        if at_text is not None:
+            try:
+                at = datetime.fromisoformat(at_text)
+            except ValueError:
+                fail(f"--at {at_text!r} is not an ISO 8601 time (2027-01-01T09:00:00+01:00)", 2)
+            if at.tzinfo is None:
+                fail(
+                    f"--at {at_text!r} has no UTC offset: add one (e.g. +01:00 or Z), "
+                    "or it would be read in this machine's local zone",
+                    2,
+                )
+            due_from(at=at)
+            return {"at": at}
+    except ConfigurationError as e:
+        fail(str(e), 2)
+    return {}
 
 
 def _report(result: Published, as_json: bool) -> None:
@@ -171,6 +218,13 @@ def _report(result: Published, as_json: bool) -> None:
         echo_json(asdict(result))
         return
     dup = " (duplicate: the event id was already published)" if result.duplicate else ""
+    if result.delay_id is not None:
+        console.print(
+            f"delayed on [b]{result.shard}[/b] as {result.delay_id}, due at "
+            f"{_due_text(result.due_ms)} (routing v{result.routing_version}){dup}",
+            highlight=False,
+        )
+        return
     console.print(
         f"published to [b]{result.shard}[/b] as {result.entry_id} "
         f"(routing v{result.routing_version}){dup}",
@@ -187,6 +241,7 @@ async def _publish_lines(
     records: bool,
     as_json: bool,
     path: Path | None,
+    timing: dict[str, Any],
 ) -> None:
     published = 0
     shards: Counter[str] = Counter()
@@ -203,6 +258,8 @@ async def _publish_lines(
     with progress:
         task = progress.add_task("publish", total=None if size is None else size.st_size)
         for batch, consumed, bad in _batches(source, key, headers, records):
+            if batch and timing:
+                batch = [replace(r, **timing) for r in batch]
             if batch:
                 try:
                     results = await producer.publish_many(stream, batch)
@@ -227,6 +284,12 @@ async def _publish_lines(
             f"published {plural(published, 'message')} to {stream}"
             + (f" ({spread})" if spread else "")
         )
+
+
+def _due_text(due_ms: int | None) -> str:
+    if due_ms is None:
+        return "?"
+    return datetime.fromtimestamp(due_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
 def _batches(

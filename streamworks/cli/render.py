@@ -44,6 +44,8 @@ def stream_table(stream: StreamInfo) -> RenderableType:
     table.add_column("lag", justify="right")
     for shard in stream.shards:
         length = "" if shard.length is None else str(shard.length)
+        if shard.delayed:  # not in the stream yet: they enter it when due (docs/delays.md)
+            length += f" +{shard.delayed} delayed"
         if not shard.groups:
             table.add_row(shard.shard, shard.state, length, "", "", "", "")
         for i, g in enumerate(shard.groups):

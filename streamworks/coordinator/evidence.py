@@ -63,6 +63,31 @@ class EvidenceReads:
             out.append((int(length), infos))
         return out
 
+    # -- delayed messages: counts and the next due time only (never a payload, E24) ---
+    async def delayed_counts(
+        self, shards: Sequence[ShardId]
+    ) -> list[tuple[int, int | None] | None]:
+        """Per shard, how many delayed messages wait in its delayed set and the earliest
+        due time (ms; None when it holds none): ``ZCARD`` and ``ZRANGE 0 0 WITHSCORES``,
+        pipelined. The set holds ids and due times; the payloads are in another key
+        the coordinator never reads. None where Redis answered an error."""
+        if not shards:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for shard in shards:
+            key = self.keyspace.delayed(shard)
+            pipe.zcard(key)
+            pipe.zrange(key, 0, 0, withscores=True)
+        replies = await pipe.execute(raise_on_error=False)
+        out: list[tuple[int, int | None] | None] = []
+        for j in range(len(shards)):
+            count, head = replies[2 * j], replies[2 * j + 1]
+            if isinstance(count, Exception) or isinstance(head, Exception):
+                out.append(None)
+                continue
+            out.append((int(count), int(head[0][1]) if head else None))
+        return out
+
     # -- dead letters: lengths only, for status views (never an entry, E24) ---------------
     async def dead_letter_lengths(
         self, pairs: Iterable[tuple[str, str]]

@@ -113,6 +113,9 @@ class CoordinatorMetrics:
         )
         self.status = StatusCollector()
         r.register(self.status)
+        from streamworks.coordinator.delayed_metrics import DelayedCollector  # imports this
+
+        r.register(DelayedCollector(self.status))
 
     def observe_group(self, group_id: str, *, group_epoch: int, live_members: int) -> None:
         """Record a group's epoch and live member count after a commit."""

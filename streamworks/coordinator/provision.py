@@ -149,14 +149,20 @@ def _retire_call(
     keyspace: Keyspace, shard: ShardId, groups: Sequence[str], mode: str
 ) -> tuple[list[Any], list[Any]]:
     keys: list[Any] = [keyspace.stream(shard), keyspace.shard_groups(shard)]
+    # Must be empty: each group's replayed dead letters, and the shard's delayed
+    # messages (they enter the stream when due and are handled there first).
     keys += [keyspace.redelivery(shard, group) for group in groups]
+    keys.append(keyspace.delayed(shard))
     for group in groups:
         keys += [
             keyspace.fence(shard, group),
             keyspace.retries(shard, group),
             keyspace.redelivery_retries(shard, group),
         ]
-    return keys, [mode, len(groups), *groups]
+    # Deleted with the shard (empty by then, but for the id counter and wake stream).
+    keys += [keyspace.delayed_entries(shard), keyspace.delayed_counter(shard)]
+    keys.append(keyspace.delayed_wake(shard))
+    return keys, [mode, len(groups) + 1, *groups]
 
 
 def _drain_status(reply: Any) -> DrainCheck:

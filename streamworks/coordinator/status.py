@@ -87,11 +87,18 @@ class StatusReport:
         live = [s for s in info.shards if s.state != "RETIRED"]
         if not live:
             return info
-        read = await self.store.shard_positions([ShardId.parse(s.shard) for s in live])
+        ids = [ShardId.parse(s.shard) for s in live]
+        read = await self.store.shard_positions(ids)
         positions = iter(read)  # in the order of ``live`` (list.index was O(shards²))
+        delayed = iter(await self.store.delayed_counts(ids))
         out = []
         for shard in info.shards:
             position = None if shard.state == "RETIRED" else next(positions)
+            waiting = None if shard.state == "RETIRED" else next(delayed)
+            if waiting is not None:
+                shard = shard.model_copy(
+                    update={"delayed": waiting[0], "delayed_next_due_ms": waiting[1]}
+                )
             if position is None:
                 out.append(shard)  # retired, or Redis answered an error for it
                 continue

@@ -214,6 +214,10 @@ class ShardInfo(_Model):
     state: Literal["PROVISIONING", "ACTIVE", "DRAINING", "RETIRED"]
     length: int | None = None
     groups: list[ShardGroupInfo] = Field(default_factory=list)
+    #: Delayed messages waiting in the shard's slot (not in the stream yet), and the
+    #: earliest one's due time (ms since the epoch, Redis clock); None: not read.
+    delayed: int | None = None
+    delayed_next_due_ms: int | None = None
 
 
 class StreamInfo(_Model):

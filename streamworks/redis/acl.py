@@ -136,9 +136,8 @@ _PUBLISH = (
     Path("publish", ("stream",), ("xadd",)),
     Path("idempotent publish", ("stream", "dedup"), scripts=("publish_dedup",)),
     Path("durable publish and dead letters (min_replicas)", commands=("wait",)),
-    # Issue 21 (delays, schedules, rate limits): the scripts exist and are proven under
-    # these grants (tests/redis/test_lua_scheduling_acl.py); the runtime calls them from
-    # its phase 2 on (docs/design/scheduling.md).
+    # Issue 21: delayed publish (runtime/delayed_publish.py); proven under these grants
+    # by tests/redis/test_lua_scheduling_acl.py (docs/design/scheduling.md).
     Path(
         "delayed publish",
         ("stream", "delayed", "delayed", "delayed", "delayed", "dedup"),
@@ -195,6 +194,10 @@ PATHS: dict[Role, tuple[Path, ...]] = {
             ("stream", "fence", "delayed", "delayed"),
             scripts=("delay_move",),
         ),
+        # The mover waits on its shard's wake stream in the shared idle wait (a plain
+        # XREAD of a stream that only ever holds a due time, runtime/delay_mover.py):
+        # one XREAD BLOCK names shard streams and wake streams, so one selector.
+        Path("wait for an earlier delayed message", ("stream", "delayed"), ("xread",)),
         Path("schedule ticks", ("fence", "schedule", "schedule"), scripts=("schedule_tick",)),
         Path("rate limits", rest=("rate",), scripts=("rate_take",)),
     ),
@@ -241,6 +244,9 @@ PATHS: dict[Role, tuple[Path, ...]] = {
         ),
         Path("positions (status, drain)", ("stream",), ("xlen", "xinfo|groups", "xinfo|stream")),
         Path("dead-letter counts (status, dashboard)", ("dead_letters",), ("xlen",)),
+        # Ids and due times of the delayed set only; the payloads are in the entries
+        # hash, which the coordinator never reads (no HGET on these keys).
+        Path("delayed counts (status, metrics)", ("delayed",), ("zcard", "zrange")),
         # The dashboard's dead-letter actions (coordinator/dashboard/actions.py, the
         # library of streamworks.dlq): on an admin's request only, the one place a
         # coordinator reads messages — dead letters, never a shard's (E24).

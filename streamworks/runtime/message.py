@@ -35,6 +35,8 @@ class Message:
         attempt: 1 on the first delivery, counting every earlier failed attempt,
             including those made by a member that crashed.
         published_at: publish time, ms since the epoch.
+        due_at: a delayed message's due time, ms since the epoch (Redis clock); None
+            for a message published without ``delay``/``at``.
         payload: the raw payload bytes.
     """
 
@@ -155,6 +157,21 @@ class Message:
         # Kept as the entry's digits until asked for (few handlers do): the hot path
         # only checks that they are digits (messages_from_entries).
         return int(self._published)
+
+    @property
+    def due_at(self) -> int | None:
+        """A delayed message's due time (ms since the epoch), from its ``d`` field
+        (``delay_add.lua``); None for any other message."""
+        # Read from the raw fields only when asked: delayed entries carry 'd', which
+        # keeps them off the inline layout, so their raw list is kept (_from_entry).
+        fields = self._fields
+        if not isinstance(fields, list):
+            return None
+        for i in range(0, len(fields) - 1, 2):
+            if fields[i] == b"d":
+                value = fields[i + 1]
+                return int(value) if isinstance(value, bytes) and value.isdigit() else None
+        return None
 
     @property
     def attempt(self) -> int:

@@ -8,6 +8,10 @@ routing fetched, and the message re-routed, a bounded number of times (E16). Wit
 event id and a dedup window, the add goes through ``publish_dedup.lua`` instead,
 which skips an event id this shard already took (E18).
 
+A record with ``delay=``/``at=`` goes through ``delay_add.lua`` instead: stored in its
+shard's slot until due (or added at once when already due), with the same dedup record
+and the same re-route on a retired shard (``runtime/delayed_publish.py``).
+
 :meth:`Producer.publish_many` does the same for a batch in one pipeline per round.
 """
 
@@ -15,18 +19,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from time import perf_counter
 from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError
 
 from streamworks.clock import Clock
+from streamworks.delay import Due, due_from
 from streamworks.exceptions import BackendError, PublishNotDurableError, ShardRetiredError
 from streamworks.protocol.codec import Codec
 from streamworks.protocol.envelope import MAX_PAYLOAD, encode_fields
 from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from streamworks.redis.wire import Arg, run_batch, run_batch_wait
+from streamworks.runtime.delayed_publish import delay_add_command, parse_delay_add
 from streamworks.runtime.metrics import PublishMetrics
 from streamworks.runtime.routing import RoutingSource, RoutingTable, ShardRoute
 
@@ -35,12 +42,24 @@ __all__ = ("Producer", "Published", "Record")
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One message for :meth:`Producer.publish_many`."""
+    """One message for :meth:`Producer.publish_many`.
+
+    ``delay`` (a timedelta or seconds) or ``at`` (a timezone-aware datetime) make it a
+    delayed message: it enters the stream when due (docs/delays.md)."""
 
     value: Any
     key: str | None = None
     event_id: str | None = None
     headers: Mapping[str, str] | None = None
+    delay: timedelta | float | None = None
+    at: datetime | None = None
+
+    def due(self) -> Due | None:
+        """When it is due (None: an ordinary publish); raises ConfigurationError on a
+        bad ``delay``/``at`` (``streamworks.delay.due_from``)."""
+        if self.delay is None and self.at is None:
+            return None
+        return due_from(self.delay, self.at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +72,26 @@ class Published:
         entry_id: the Redis entry id.
         routing_version: the routing version used.
         duplicate: True when shard-level dedup found the event id already written
-            (``entry_id`` is then the earlier entry's id).
+            (``entry_id`` is then the earlier entry's id, or None when that one is
+            still delayed: ``delay_id`` names it).
+        delay_id: a delayed message stored until due: its id in the shard's delayed
+            set (``entry_id`` is then None: it gets one when it enters the stream).
+        due_ms: a delayed message's due time, ms since the epoch on the Redis clock
+            (also set when it was due at once and went straight into the stream).
     """
 
     stream: str
     shard: str
-    entry_id: str
+    entry_id: str | None
     routing_version: int
     duplicate: bool = False
+    delay_id: str | None = None
+    due_ms: int | None = None
+
+    @property
+    def delayed(self) -> bool:
+        """Whether the message waits in its shard's delayed set (not in the stream yet)."""
+        return self.delay_id is not None
 
 
 class Producer:
@@ -152,6 +183,7 @@ class Producer:
             return []
         now = str(self._clock.time_ms())
         encoded = [self._fields(r, now) for r in records]
+        dues = [r.due() for r in records]
         wait = self._wait(stream, min_replicas, replica_timeout)
         results: list[Published | None] = [None] * len(records)
         weak: list[tuple[Published, Any]] = []
@@ -161,7 +193,7 @@ class Producer:
             table = await self.routing.routing(stream)
             routes = [table.route(records[i].key, self._sticky_batch) for i in todo]
             commands = [
-                self._command(stream, route, records[i].event_id, encoded[i])
+                self._command(stream, route, records[i].event_id, encoded[i], dues[i])
                 for i, route in zip(todo, routes, strict=True)
             ]
             try:
@@ -173,11 +205,22 @@ class Producer:
             for n, (i, route, reply) in enumerate(zip(todo, routes, replies, strict=True)):
                 if isinstance(reply, Exception):
                     raise BackendError(f"publish to {route.shard} failed: {reply}")
-                parsed = self._parse_add(reply, records[i].event_id)
-                if parsed is None:
-                    retry.append(i)
-                    continue
-                published = Published(stream, str(route.shard), parsed[0], table.version, parsed[1])
+                if dues[i] is None:
+                    parsed = self._parse_add(reply, records[i].event_id)
+                    if parsed is None:
+                        retry.append(i)
+                        continue
+                    entry_id, delay_id = _waiting(parsed[0])
+                    published = Published(
+                        stream, str(route.shard), entry_id, table.version, parsed[1], delay_id
+                    )
+                else:
+                    delayed = parse_delay_add(reply, stream, str(route.shard), table.version)
+                    if delayed is None:
+                        retry.append(i)
+                        continue
+                    published = delayed
+                    self.statistics.duplicates += delayed.duplicate
                 results[i] = published
                 if wait is not None and not _enough(waited[n], wait[0]):
                     weak.append((published, waited[n]))
@@ -212,9 +255,19 @@ class Producer:
         return replicas, max(1, int(timeout * 1000))
 
     def _command(
-        self, stream: str, route: ShardRoute, event_id: str | None, fields: list[bytes | str]
+        self,
+        stream: str,
+        route: ShardRoute,
+        event_id: str | None,
+        fields: list[bytes | str],
+        due: Due | None = None,
     ) -> list[Arg]:
         window = self._dedup_ms.get(stream) if event_id is not None else None
+        if due is not None:
+            return delay_add_command(
+                self._scripts, self._keyspace, route, event_id, window, due,
+                self._clock.offset_ms, fields,
+            )  # fmt: skip
         if window:
             assert event_id is not None
             sha = self._scripts.publish_dedup.sha
@@ -234,7 +287,10 @@ class Producer:
             replies, waited = await run_batch_wait(self._redis, commands, *wait)
         missing = [n for n, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:
-            await self._redis.script_load(self._scripts.publish_dedup.script)
+            # Each script a refused command names (publish_dedup, delay_add).
+            for script in (self._scripts.publish_dedup, self._scripts.delay_add):
+                if any(commands[n][1] == script.sha for n in missing):
+                    await self._redis.script_load(script.script)
             again = [commands[n] for n in missing]
             if wait is None:
                 more, more_waited = await run_batch(self._redis, again), [None] * len(again)
@@ -273,6 +329,14 @@ class ProducerStatistics:
     duplicates: int = 0
     reroutes: int = 0
     not_durable: int = 0  # written, but fewer replicas than asked acknowledged in time
+
+
+def _waiting(entry_id: str) -> tuple[str | None, str | None]:
+    """``(entry id, delay id)`` of a dedup record's value: ``delayed:<id>`` while the
+    event's earlier publish still waits in the delayed set (``delay_add.lua``)."""
+    if entry_id.startswith("delayed:"):
+        return None, entry_id.removeprefix("delayed:")
+    return entry_id, None
 
 
 def _enough(waited: Any, replicas: int) -> bool:

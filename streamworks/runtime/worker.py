@@ -30,6 +30,7 @@ from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from streamworks.runtime import history
 from streamworks.runtime.acks import Acker
+from streamworks.runtime.delay_mover import DelayMetrics, read_and_move
 from streamworks.runtime.execution import HandlerRuntime
 from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencyStore
 from streamworks.runtime.lease import Lease
@@ -94,6 +95,9 @@ class Worker:
         #: Called when a run outlives its lease's fail-stop point; exits the process.
         self.fail_stop: Callable[[str], None] = exit_process
         self.metrics = WorkerMetrics(self)  # before the handlers: they bind histograms
+        # Delayed messages moved into owned shards' streams (runtime/delay_mover.py).
+        self.delays = DelayMetrics(self.group)
+        self.metrics.registry.register(self.delays)
         self.acker = Acker(redis, self.group, max_batch=self.settings.worker.ack_batch)
         self.acker.flush_seconds = self.metrics.ack_flush
         # Reads and takeover rounds in flight at once (reader.py): bounds the pool.
@@ -247,7 +251,8 @@ class Worker:
 
     async def _run_reader(self, reader: ShardReader) -> None:
         try:
-            await reader.run()
+            # The shard's delayed messages are moved into it while it is read.
+            await read_and_move(self, reader)
         finally:
             # In-flight messages of a stopped reader still finish and ack, and its
             # shard counts as ours until every run on it (even an abandoned thread)

@@ -25,6 +25,7 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
          "--only", "raw-per-shard,raw-lean,raw-100,streamworks,streamworks-lib"],
         "× raw-per-shard",
     ),
+    "delays": (["delays.py", "--rounds", "1", "--duration", "1"], "p99 × immediate"),
     "hotpath": (
         ["hotpath_profile.py", "--rounds", "1", "--messages", "4000",
          "--only", "raw-shard,raw-gate,streamworks,streamworks-cli"],

@@ -12,11 +12,13 @@ from collections.abc import Mapping
 
 from streamworks.coordinator.core import Group, Member
 from streamworks.coordinator.replica import live_subscriptions
+from streamworks.coordinator.schedules import schedule_shard, with_schedules
 from streamworks.coordinator.store import MetadataUnavailable, Store
 from streamworks.coordinator.streams import Streams
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import GroupInfo, MemberInfo, StatusResponse, StreamInfo
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.keyspace import Keyspace
 
 __all__ = ("StatusReport",)
 
@@ -38,7 +40,10 @@ class StatusReport:
             raise CoordinatorError("NOT_FOUND", f"group {group_id!r} does not exist", status=404)
         leases = await self.store.lease_expiries(group_id)
         info = _group_info(loaded.group, leases, loaded.now_ms)
-        return (await self._with_dead_letters([info]))[0] if dead_letters else info
+        if not dead_letters:
+            return info
+        info = (await self._with_dead_letters([info]))[0]
+        return (await self._with_schedules([info], None))[0]
 
     async def status(self, *, positions: bool = True) -> StatusResponse:
         """Streams and groups as recorded, with each group's ``pending``/``lag`` per shard
@@ -58,6 +63,8 @@ class StatusReport:
             except (MetadataUnavailable, CoordinatorError) as e:
                 log.warning("status: %s", e)
         groups = await self._with_dead_letters(groups)
+        schedules = next((s for s in streams if s.name == Keyspace.SCHEDULE_STREAM), None)
+        groups = await self._with_schedules(groups, schedules)
         return StatusResponse(streams=_with_owners(streams, groups), groups=groups)
 
     async def _with_dead_letters(self, groups: list[GroupInfo]) -> list[GroupInfo]:
@@ -71,6 +78,21 @@ class StatusReport:
             )
             for g in groups
         ]
+
+    async def _with_schedules(
+        self, groups: list[GroupInfo], stream: StreamInfo | None
+    ) -> list[GroupInfo]:
+        """Each group with its periodic schedules (``schedules.py``)."""
+        if stream is None:
+            if Keyspace.SCHEDULE_STREAM not in await self.store.registered_streams():
+                return groups
+            try:
+                stream = await self.streams.info(Keyspace.SCHEDULE_STREAM)
+            except (MetadataUnavailable, CoordinatorError) as e:
+                log.warning("status: schedules: %s", e)
+                return groups
+        store = self.store
+        return await with_schedules(store.redis, store.keyspace, schedule_shard(stream), groups)
 
     async def _with_positions(self, info: StreamInfo) -> StreamInfo:
         live = [s for s in info.shards if s.state != "RETIRED"]

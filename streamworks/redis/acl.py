@@ -241,6 +241,9 @@ PATHS: dict[Role, tuple[Path, ...]] = {
         ),
         Path("positions (status, drain)", ("stream",), ("xlen", "xinfo|groups", "xinfo|stream")),
         Path("dead-letter counts (status, dashboard)", ("dead_letters",), ("xlen",)),
+        # Each schedule's tick times and counters (coordinator/schedules.py): state the
+        # schedule shard's owner wrote, never a message.
+        Path("schedule state (status, dashboard)", ("schedule",), ("smembers", "hgetall")),
         # The dashboard's dead-letter actions (coordinator/dashboard/actions.py, the
         # library of streamworks.dlq): on an admin's request only, the one place a
         # coordinator reads messages — dead letters, never a shard's (E24).

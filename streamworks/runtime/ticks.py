@@ -109,18 +109,21 @@ class TickPublisher:
             RunCancelled: the lease ran out.
         """
         clock = self.worker.clock
+        # Read before Redis reads its clock: an advance in between wakes us early (one
+        # more look), never late.
+        at = clock.monotonic()
         reply = await self._call("open", self.spec.schedule.describe(), self.spec.stream)
         now, last = int(reply[1]), int(reply[2])
         pending, shard = _text(reply[3]), _text(reply[4])
-        at = clock.monotonic()
         if pending:  # an earlier attempt (maybe another member's) left it half done
             await self._finish(int(pending), ShardId.parse(shard), 0)
             return at
         due = self.spec.schedule.due(last, now)
         for i, tick in enumerate(due.publish):
+            before = clock.monotonic()
             wait = await self._tick(tick, due.skipped if i == 0 else 0)
             if wait is not None:
-                return at + wait
+                return before + wait
         if due.publish:
             return at  # look again: more to catch up, or the next tick to plan
         upcoming = self.spec.schedule.next_tick(max(last, now))

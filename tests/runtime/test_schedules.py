@@ -13,10 +13,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import httpx
 import pytest
 from pydantic import BaseModel
+from rich.console import Console
 
 from streamworks import App, Message, Tick
+from streamworks.cli.render import status_view
+from streamworks.coordinator.dashboard.schedules import tick_time
 from streamworks.protocol.control import ScheduleInfo
 from streamworks.schedule import Schedule
 from streamworks.testing import TestRuntime
@@ -278,3 +282,28 @@ async def stream_ticks(rt: TestRuntime, stream: str = "reports") -> list[int]:
 
 def owns(worker: Any) -> bool:
     return bool(worker.scheduler is not None and worker.scheduler.runners)
+
+
+async def test_status_the_cli_and_the_dashboard_show_last_and_next_tick(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    seen = Seen()
+    app = reports_app(seen, every=timedelta(minutes=5))
+    async with streamworks_runtime(app, settings=LONG_LEASES, http=True) as rt:
+        info = await planned(rt)
+        assert info.next_tick_ms is not None
+        await advance_to(rt, info.next_tick_ms)
+        done = await planned(rt, after=info.next_tick_ms)
+        assert done.last_tick_ms == info.next_tick_ms and done.published == 1
+        last, upcoming = tick_time(done.last_tick_ms), tick_time(done.next_tick_ms)
+
+        assert rt.service is not None
+        console = Console(width=200, record=True)
+        console.print(status_view(await rt.service.status()))
+        text = console.export_text()
+        assert "schedules of g" in text and last in text and upcoming in text
+
+        async with httpx.AsyncClient(base_url=str(rt.http_url)) as http:
+            panels = (await http.get("/ui/panels")).text
+        row = panels.split('data-schedule="beat"', 1)[1].split("</tr>", 1)[0]
+        assert last in row and upcoming in row and "every 5m" in row

@@ -21,6 +21,7 @@ from rich.console import Console
 from streamworks import App, Message, Tick
 from streamworks.cli.render import status_view
 from streamworks.coordinator.dashboard.schedules import tick_time
+from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import ScheduleInfo
 from streamworks.schedule import Schedule
 from streamworks.testing import TestRuntime
@@ -307,3 +308,15 @@ async def test_status_the_cli_and_the_dashboard_show_last_and_next_tick(
             panels = (await http.get("/ui/panels")).text
         row = panels.split('data-schedule="beat"', 1)[1].split("</tr>", 1)[0]
         assert last in row and upcoming in row and "every 5m" in row
+
+
+async def test_the_schedule_stream_cannot_be_scaled(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    app = reports_app(Seen(), every=timedelta(minutes=5))
+    async with streamworks_runtime(app, settings=LONG_LEASES) as rt:
+        assert rt.service is not None
+        for shards in (0, 2):
+            with pytest.raises(CoordinatorError) as refused:
+                await rt.service.scale_stream("sw-schedules", shards)
+            assert refused.value.code == "INVALID_REQUEST" and "internal" in str(refused.value)

@@ -39,6 +39,7 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
         "publish",
     ),
     "processes": (["processes.py", "--rounds", "1", "--messages", "4000"], "--processes"),
+    "schedules": (["schedules.py", "--quick", "--rounds", "1"], "tick → in stream ms"),
     "throughput": (
         ["throughput.py", "--rounds", "1", "--messages", "4000", "--publish-messages", "1000"],
         "consume_ratio=",

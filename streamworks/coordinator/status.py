@@ -82,9 +82,12 @@ class StatusReport:
     async def _with_schedules(
         self, groups: list[GroupInfo], stream: StreamInfo | None
     ) -> list[GroupInfo]:
-        """Each group with its periodic schedules (``schedules.py``)."""
+        """Each group with its periodic schedules (``schedules.py``). ``status`` passes
+        the schedule stream it read (every group is then asked, members or not); one
+        group's info looks only when its live members subscribe to it (no extra read
+        for a group without schedules)."""
         if stream is None:
-            if Keyspace.SCHEDULE_STREAM not in await self.store.registered_streams():
+            if not any(Keyspace.SCHEDULE_STREAM in g.subscriptions for g in groups):
                 return groups
             try:
                 stream = await self.streams.info(Keyspace.SCHEDULE_STREAM)

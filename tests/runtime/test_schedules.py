@@ -320,3 +320,31 @@ async def test_the_schedule_stream_cannot_be_scaled(
             with pytest.raises(CoordinatorError) as refused:
                 await rt.service.scale_stream("sw-schedules", shards)
             assert refused.value.code == "INVALID_REQUEST" and "internal" in str(refused.value)
+
+
+async def test_a_tick_too_few_replicas_acknowledged_stays_pending(
+    streamworks_runtime: Callable[..., TestRuntime],
+) -> None:
+    """Durable target (``min_replicas=1``) on a server without replicas: the entry is
+    written, but the tick is not recorded done (it is tried again, as a duplicate on
+    the same shard, until replicas acknowledge it)."""
+    app = App("g")
+    app.stream("reports", shards=2, min_replicas=1, replica_timeout=0.05)
+
+    @app.schedule("beat", stream="reports", every=timedelta(minutes=5))
+    def beat() -> None: ...
+
+    async with streamworks_runtime(app, settings=LONG_LEASES) as rt:
+        info = await planned(rt)
+        assert info.next_tick_ms is not None
+        await advance_to(rt, info.next_tick_ms)
+
+        async def pending() -> bool:
+            now = await schedule_info(rt)
+            return now is not None and now.pending_tick_ms == info.next_tick_ms
+
+        await wait_for(pending, 10, "the tick claimed")
+        await wait_for(lambda: stream_ticks(rt), 10, "its entry written")
+        assert await stream_ticks(rt) == [info.next_tick_ms]
+        after = await schedule_info(rt)
+        assert after is not None and after.published == 0 and after.pending_tick_ms

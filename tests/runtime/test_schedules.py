@@ -322,6 +322,7 @@ async def test_the_schedule_stream_cannot_be_scaled(
             assert refused.value.code == "INVALID_REQUEST" and "internal" in str(refused.value)
 
 
+@pytest.mark.no_cluster("needs a server without replicas (the test cluster has them)")
 async def test_a_tick_too_few_replicas_acknowledged_stays_pending(
     streamworks_runtime: Callable[..., TestRuntime],
 ) -> None:

@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
+from redis.asyncio import RedisCluster
 from pydantic import BaseModel
 from rich.console import Console
 
@@ -322,30 +323,39 @@ async def test_the_schedule_stream_cannot_be_scaled(
             assert refused.value.code == "INVALID_REQUEST" and "internal" in str(refused.value)
 
 
-@pytest.mark.no_cluster("needs a server without replicas (the test cluster has them)")
-async def test_a_tick_too_few_replicas_acknowledged_stays_pending(
+@pytest.mark.cluster
+async def test_a_durable_tick_is_done_only_once_replicas_have_it(
     streamworks_runtime: Callable[..., TestRuntime],
 ) -> None:
-    """Durable target (``min_replicas=1``) on a server without replicas: the entry is
-    written, but the tick is not recorded done (it is tried again, as a duplicate on
-    the same shard, until replicas acknowledge it)."""
+    """Durable target (``min_replicas=1``). On a server without replicas the entry is
+    written but the tick is not recorded done (tried again, a duplicate on the same
+    shard, until replicas acknowledge it); on the test cluster (a replica per master)
+    it is recorded done."""
     app = App("g")
-    app.stream("reports", shards=2, min_replicas=1, replica_timeout=0.05)
+    app.stream("reports", shards=2, min_replicas=1, replica_timeout=1.0)
 
     @app.schedule("beat", stream="reports", every=timedelta(minutes=5))
     def beat() -> None: ...
 
     async with streamworks_runtime(app, settings=LONG_LEASES) as rt:
+        replicated = isinstance(rt.redis, RedisCluster)  # the test cluster has replicas
         info = await planned(rt)
-        assert info.next_tick_ms is not None
-        await advance_to(rt, info.next_tick_ms)
+        tick = info.next_tick_ms
+        assert tick is not None
+        await advance_to(rt, tick)
 
-        async def pending() -> bool:
+        async def settled() -> bool:
             now = await schedule_info(rt)
-            return now is not None and now.pending_tick_ms == info.next_tick_ms
+            if now is None:
+                return False
+            return now.last_tick_ms == tick if replicated else now.pending_tick_ms == tick
 
-        await wait_for(pending, 10, "the tick claimed")
+        await wait_for(settled, 10, "the tick claimed (and done, with replicas)")
         await wait_for(lambda: stream_ticks(rt), 10, "its entry written")
-        assert await stream_ticks(rt) == [info.next_tick_ms]
+        assert await stream_ticks(rt) == [tick]
         after = await schedule_info(rt)
-        assert after is not None and after.published == 0 and after.pending_tick_ms
+        assert after is not None
+        if replicated:
+            assert (after.published, after.pending_tick_ms) == (1, None)
+        else:
+            assert (after.published, after.pending_tick_ms) == (0, tick)

@@ -15,8 +15,8 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
-from redis.asyncio import RedisCluster
 from pydantic import BaseModel
+from redis.asyncio import RedisCluster
 from rich.console import Console
 
 from streamworks import App, Message, Tick

@@ -34,6 +34,7 @@ from streamworks.runtime.message import Message as Message
 from streamworks.runtime.producer import Published as Published
 from streamworks.runtime.producer import Record as Record
 from streamworks.runtime.retry import RetryPolicy as RetryPolicy
+from streamworks.runtime.schedule_spec import Tick as Tick
 from streamworks.settings import Settings as Settings
 
 __version__ = "0.1.0"
@@ -61,5 +62,6 @@ __all__ = (
     "StartupError",
     "StreamSpec",
     "StreamworksError",
+    "Tick",
     "__version__",
 )

@@ -26,10 +26,13 @@ from streamworks.exceptions import ConfigurationError, NotConnectedError
 from streamworks.middleware import Middleware, PublishNext, check_middleware, compose_publish
 from streamworks.protocol.codec import Codec, JsonCodec
 from streamworks.protocol.shards import validate_name
+from streamworks.redis.keyspace import Keyspace
 from streamworks.runtime.handler import HandlerSpec, Ordering, build_plan
 from streamworks.runtime.message import Context
 from streamworks.runtime.producer import Producer, Published, Record
 from streamworks.runtime.retry import RetryPolicy
+from streamworks.runtime.schedule_spec import ScheduleSpec, make_schedule_spec
+from streamworks.schedule import CatchUp
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
@@ -117,6 +120,8 @@ class App:
         self._publish_chain: PublishNext | None = None
         self.streams: dict[str, StreamSpec] = {}
         self.handlers: dict[str, HandlerSpec] = {}
+        #: ``@app.schedule`` declarations (runtime/scheduler.py publishes their ticks).
+        self.schedules: dict[str, ScheduleSpec] = {}
         self._connection: Connection | None = None
         self._connection_users = 0
         self._sync_publisher: SyncPublisher | None = None
@@ -149,6 +154,10 @@ class App:
         """Declare a stream. Creating it happens through the coordinator; a declaration
         never rescales an existing stream (use ``streamworks streams scale``)."""
         validate_name("stream", name)
+        if name == Keyspace.SCHEDULE_STREAM:
+            raise ConfigurationError(
+                f"stream name {name!r} is reserved: streamworks runs the app's schedules on it"
+            )
         if not isinstance(shards, int) or shards < 0 or shards > 4096:
             raise ConfigurationError(f"stream {name!r}: shards must be an int in 0..4096")
         if retention is not None and retention <= 0:
@@ -198,6 +207,8 @@ class App:
                 f"handler for undeclared stream {stream!r}: "
                 f"call app.stream({stream!r}, shards=N) first"
             )
+        if stream == Keyspace.SCHEDULE_STREAM:
+            raise ConfigurationError(f"{stream!r} is internal: it carries no messages")
         if stream in self.handlers:
             raise ConfigurationError(
                 f"stream {stream!r} already has a handler in app {self.name!r}"
@@ -277,6 +288,69 @@ class App:
             return publish
 
         return decorate
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        stream: str,
+        every: timedelta | None = None,
+        cron: str | None = None,
+        tz: str | None = None,
+        catch_up: CatchUp = "latest",
+        anchor: datetime | None = None,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Callable[[Callable[P, T]], Callable[P, T]]:
+        """Publish one message to ``stream`` per tick of a periodic schedule: exactly
+        one per tick, however many workers run (docs/schedules.md).
+
+        The decorated function is called with the :class:`~streamworks.Tick` (or with
+        nothing, if it takes no argument) and returns the tick's message; returning
+        None publishes the Tick itself.
+
+        Args:
+            name: the schedule's name (``[A-Za-z0-9._-]``).
+            stream: a stream declared with :meth:`stream` (the app need not consume it).
+            every: tick every period, on a fixed grid from ``anchor`` (the Unix epoch).
+            cron: a cron expression (5 fields, 6 with seconds first, or ``@hourly``...).
+            tz: the IANA time zone of ``cron`` (UTC by default).
+            catch_up: ticks missed while no worker could publish: ``"latest"`` only the
+                most recent, ``"all"`` every one, or the ``N`` most recent.
+            anchor: where the ``every`` grid starts (timezone-aware).
+            key: the messages' partition key (the schedule's name by default).
+            headers: headers of every tick's message.
+
+        Raises:
+            ConfigurationError: at decoration, for any invalid argument or function.
+        """
+        # Checked now (not at the first tick), with the function checked on decoration.
+        check = functools.partial(
+            make_schedule_spec,
+            name,
+            stream=stream,
+            streams=self.streams,
+            existing=self.schedules,
+            every=every,
+            cron=cron,
+            tz=tz,
+            catch_up=catch_up,
+            anchor=anchor,
+            key=key,
+            headers=headers,
+        )
+        check(fn=None)
+
+        def register(fn: Callable[P, T]) -> Callable[P, T]:
+            self.schedules[name] = check(fn=fn)
+            # The internal one-shard stream whose owner publishes the ticks (its group
+            # subscribes to it: runtime/scheduler.py).
+            self.streams.setdefault(
+                Keyspace.SCHEDULE_STREAM, StreamSpec(Keyspace.SCHEDULE_STREAM, 1)
+            )
+            return fn
+
+        return register
 
     # -- lifecycle -------------------------------------------------------------------
     def on_startup(self, fn: H) -> H:

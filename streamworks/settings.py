@@ -98,6 +98,14 @@ class ProducerSettings(BaseModel):
             "dedup on; None: each stream's dedup_window"
         ),
     )
+    schedule_dedup_window: float = Field(
+        86_400.0,
+        ge=60,
+        description=(
+            "how long a schedule tick's event id is remembered on the shard it was "
+            "published to (s): a stale owner paused longer than this could publish it again"
+        ),
+    )
 
 
 class CoordinatorSettings(BaseModel):

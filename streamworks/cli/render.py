@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from streamworks.cli.common import plural
+from streamworks.coordinator.dashboard.schedules import tick_time
 from streamworks.protocol.control import (
     CLIENT_METRICS,
     GroupInfo,
@@ -170,7 +171,31 @@ def group_table(
     hint = _idle_hint(group, alive, streams or {})
     if hint:
         notes.append(Text(hint, style="yellow"))
+    if group.schedules:
+        notes.append(schedule_table(group))
     return Renderables(_heading(title), table, *notes)
+
+
+def schedule_table(group: GroupInfo) -> RenderableType:
+    """The group's periodic schedules: last and next tick (UTC), counters."""
+    table = Table(title=f"schedules of {group.group}", title_justify="left")
+    for column in ("schedule", "stream", "when", "last tick", "next tick", "pending"):
+        table.add_column(column)
+    for column in ("published", "duplicate", "skipped"):
+        table.add_column(column, justify="right")
+    for s in group.schedules:
+        table.add_row(
+            s.name,
+            s.stream,
+            s.spec,
+            tick_time(s.last_tick_ms),
+            tick_time(s.next_tick_ms),
+            tick_time(s.pending_tick_ms) if s.pending_tick_ms is not None else "",
+            str(s.published),
+            str(s.duplicate),
+            str(s.skipped),
+        )
+    return table
 
 
 def _idle_hint(group: GroupInfo, alive: list[MemberInfo], streams: Mapping[str, StreamInfo]) -> str:

@@ -93,8 +93,8 @@ def worker(
     record_history()
     app = load_app(target)
     context.fields["group"] = app.name
-    if not app.handlers:
-        fail(f"{target} declares no handlers: nothing to consume")
+    if not app.handlers and not app.schedules:
+        fail(f"{target} declares no handlers and no schedules: nothing to run")
     settings = make_settings(**flags)
     http = {
         "http_port": http_port,

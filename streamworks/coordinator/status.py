@@ -12,11 +12,13 @@ from collections.abc import Mapping
 
 from streamworks.coordinator.core import Group, Member
 from streamworks.coordinator.replica import live_subscriptions
+from streamworks.coordinator.schedules import schedule_shard, with_schedules
 from streamworks.coordinator.store import MetadataUnavailable, Store
 from streamworks.coordinator.streams import Streams
 from streamworks.exceptions import CoordinatorError
 from streamworks.protocol.control import GroupInfo, MemberInfo, StatusResponse, StreamInfo
 from streamworks.protocol.shards import ShardId
+from streamworks.redis.keyspace import Keyspace
 
 __all__ = ("StatusReport",)
 
@@ -49,7 +51,10 @@ class StatusReport:
             self._at_revision[group_id] = (loaded.rev, info)
         else:
             info = _with_leases(cached[1], leases, loaded.now_ms)
-        return (await self._with_dead_letters([info]))[0] if dead_letters else info
+        if not dead_letters:
+            return info
+        info = (await self._with_dead_letters([info]))[0]
+        return (await self._with_schedules([info], None))[0]
 
     async def status(self, *, positions: bool = True) -> StatusResponse:
         """Streams and groups as recorded, with each group's ``pending``/``lag`` per shard
@@ -69,6 +74,8 @@ class StatusReport:
             except (MetadataUnavailable, CoordinatorError) as e:
                 log.warning("status: %s", e)
         groups = await self._with_dead_letters(groups)
+        schedules = next((s for s in streams if s.name == Keyspace.SCHEDULE_STREAM), None)
+        groups = await self._with_schedules(groups, schedules)
         return StatusResponse(streams=_with_owners(streams, groups), groups=groups)
 
     async def _with_dead_letters(self, groups: list[GroupInfo]) -> list[GroupInfo]:
@@ -82,6 +89,24 @@ class StatusReport:
             )
             for g in groups
         ]
+
+    async def _with_schedules(
+        self, groups: list[GroupInfo], stream: StreamInfo | None
+    ) -> list[GroupInfo]:
+        """Each group with its periodic schedules (``schedules.py``). ``status`` passes
+        the schedule stream it read (every group is then asked, members or not); one
+        group's info looks only when its live members subscribe to it (no extra read
+        for a group without schedules)."""
+        if stream is None:
+            if not any(Keyspace.SCHEDULE_STREAM in g.subscriptions for g in groups):
+                return groups
+            try:
+                stream = await self.streams.info(Keyspace.SCHEDULE_STREAM)
+            except (MetadataUnavailable, CoordinatorError) as e:
+                log.warning("status: schedules: %s", e)
+                return groups
+        store = self.store
+        return await with_schedules(store.redis, store.keyspace, schedule_shard(stream), groups)
 
     async def _with_positions(self, info: StreamInfo) -> StreamInfo:
         live = [s for s in info.shards if s.state != "RETIRED"]

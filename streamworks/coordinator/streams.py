@@ -126,7 +126,19 @@ class Streams:
         return True
 
     async def scale(self, name: str, shards: int) -> StreamInfo:
-        """Change a stream's shard count live (``resharding.py``)."""
+        """Change a stream's shard count live (``resharding.py``).
+
+        Raises:
+            CoordinatorError: ``INVALID_REQUEST`` for the internal schedule stream, whose
+                shard 0 is the ownership every group's schedules run under.
+        """
+        if name == self.keyspace.SCHEDULE_STREAM:
+            raise CoordinatorError(
+                "INVALID_REQUEST",
+                f"stream {name!r} is internal: its one shard is the ownership of the "
+                "groups' periodic schedules (docs/schedules.md); it cannot be scaled",
+                status=400,
+            )
         return self.describe(await self.resharder.scale(name, shards))
 
     async def routing(self, stream: str) -> RoutingResponse:

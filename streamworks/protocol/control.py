@@ -25,6 +25,7 @@ __all__ = (
     "ReinitializeRequest",
     "RoutingResponse",
     "RoutingShard",
+    "ScheduleInfo",
     "ShardGrant",
     "ShardGroupInfo",
     "ShardInfo",
@@ -241,6 +242,30 @@ class MemberInfo(_Model):
     client: dict[str, str] = Field(default_factory=dict)
 
 
+class ScheduleInfo(_Model):
+    """One periodic schedule of a group, as its owner recorded it in Redis (the
+    schedule shard's slot); times in ms since the epoch (the Redis clock)."""
+
+    name: str
+    stream: str
+    #: ``every 5m`` or ``cron 0 * * * * (Europe/Paris)``.
+    spec: str
+    #: The last tick done (published, or found published), or when the schedule started.
+    last_tick_ms: int | None = None
+    #: The next tick its owner planned.
+    next_tick_ms: int | None = None
+    #: A tick claimed and not recorded done yet (its owner crashed, or is publishing).
+    pending_tick_ms: int | None = None
+    #: Where the last tick went.
+    last_shard: str | None = None
+    last_entry: str | None = None
+    published: int = 0
+    #: Ticks found already published (an owner died after publishing, before done).
+    duplicate: int = 0
+    #: Missed ticks the catch-up policy did not publish.
+    skipped: int = 0
+
+
 class GroupInfo(_Model):
     group: str
     state: str
@@ -251,6 +276,8 @@ class GroupInfo(_Model):
     members: list[MemberInfo]
     #: Entries in the group's dead-letter stream of each stream it consumes.
     dead_letters: dict[str, int] = Field(default_factory=dict)
+    #: Its periodic schedules (``@app.schedule``), by name.
+    schedules: list[ScheduleInfo] = Field(default_factory=list)
 
 
 class StatusResponse(_Model):

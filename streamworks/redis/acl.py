@@ -247,6 +247,9 @@ PATHS: dict[Role, tuple[Path, ...]] = {
         # Ids and due times of the delayed set only; the payloads are in the entries
         # hash, which the coordinator never reads (no HGET on these keys).
         Path("delayed counts (status, metrics)", ("delayed",), ("zcard", "zrange")),
+        # Each schedule's tick times and counters (coordinator/schedules.py): state the
+        # schedule shard's owner wrote, never a message.
+        Path("schedule state (status, dashboard)", ("schedule",), ("smembers", "hgetall")),
         # The dashboard's dead-letter actions (coordinator/dashboard/actions.py, the
         # library of streamworks.dlq): on an admin's request only, the one place a
         # coordinator reads messages — dead letters, never a shard's (E24).

@@ -38,6 +38,7 @@ from streamworks.runtime.metrics import WorkerMetrics
 from streamworks.runtime.ownership import Runs, exit_process, watch_lease
 from streamworks.runtime.reader import ReaderState, ShardReader
 from streamworks.runtime.redelivery import Redelivery
+from streamworks.runtime.scheduler import Scheduler
 from streamworks.runtime.waiter import IdleWaiter
 from streamworks.settings import Settings
 
@@ -120,6 +121,8 @@ class Worker:
         }
         self.readers: dict[ShardId, ShardReader] = {}
         self.redelivery = Redelivery(self)  # dead letters replayed to this group only
+        # The app's schedules, run while this member owns the schedule shard.
+        self.scheduler: Scheduler | None = Scheduler(self) if app.schedules else None
         self.revoking: set[ShardId] = set()
         self.fenced: set[ShardId] = set()
         self.retired: set[ShardId] = set()
@@ -135,7 +138,9 @@ class Worker:
 
     @property
     def subscriptions(self) -> frozenset[str]:
-        """The streams this member handles."""
+        """The streams this member handles (and the schedule stream, with schedules)."""
+        if self.scheduler is not None:
+            return frozenset(self.handlers) | {self.keyspace.SCHEDULE_STREAM}
         return frozenset(self.handlers)
 
     # -- running ---------------------------------------------------------------------
@@ -178,6 +183,8 @@ class Worker:
         timeout = self.settings.worker.shutdown_timeout
         for reader in list(self.readers.values()):
             reader.stop(ReaderState.STOPPED)
+        if self.scheduler is not None:
+            self.scheduler.drop(None)  # a tick cut short is finished by the next owner
         with anyio.move_on_after(timeout) as scope:
             for reader in list(self.readers.values()):
                 await reader.wait_idle()
@@ -204,6 +211,8 @@ class Worker:
     # -- assignment surface (used by assignment sources) ----------------------------------
     def owned_shards(self) -> frozenset[ShardId]:
         """Shards being read or with work in flight (reported as ``ownedShards``)."""
+        if self.scheduler is not None and self.scheduler.runners:
+            return frozenset(self.readers) | self.scheduler.owned()
         return frozenset(self.readers)
 
     def revoking_shards(self) -> frozenset[ShardId]:
@@ -223,6 +232,9 @@ class Worker:
             if shard in self.retired:
                 continue
             self.fenced.discard(shard)
+            if self.scheduler is not None and self.scheduler.handles(shard):
+                self.scheduler.grant(shard, token)
+                continue
             reader = self.readers.get(shard)
             if reader is not None and reader.token == token and reader.accepting:
                 continue
@@ -273,6 +285,8 @@ class Worker:
         is never read again on this grant, whatever happens to heartbeats (E7).
         """
         for shard in shards:
+            if self.scheduler is not None and self.scheduler.drain(shard):
+                continue
             reader = self.readers.get(shard)
             if reader is None:
                 continue
@@ -287,6 +301,8 @@ class Worker:
         entries stay pending); queued messages stay pending for the next owner.
         """
         dropped = list(self.readers) if shards is None else list(shards)
+        if self.scheduler is not None:
+            self.scheduler.drop(None if shards is None else dropped)
         for shard in dropped:
             reader = self.readers.get(shard)
             if reader is not None:
@@ -306,6 +322,11 @@ class Worker:
     async def wait_changed(self) -> None:
         """Wait until a reader finished (a drain completed, a shard was dropped)."""
         await self._changed.wait()
+
+    def shard_released(self) -> None:
+        """A shard's work (the schedule runner's) has ended: wake :meth:`wait_changed`."""
+        self._changed.set()
+        self._changed = anyio.Event()
 
     # -- lease ---------------------------------------------------------------------------
     async def _lease_watchdog(self) -> None:

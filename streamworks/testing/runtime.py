@@ -47,6 +47,7 @@ from streamworks.runtime.worker import Worker
 from streamworks.settings import CoordinatorSettings, Settings, WorkerSettings
 from streamworks.testing.acl import open_role_users
 from streamworks.testing.embedded import EmbeddedRedis
+from streamworks.testing.schedules import schedules_problem
 
 __all__ = ("DeadLetter", "RuntimeObservations", "TestRuntime", "fast_settings")
 
@@ -499,7 +500,8 @@ class TestRuntime(RuntimeObservations):
     # -- observation ---------------------------------------------------------------------
     async def wait_assigned(self, timeout: float = 10.0) -> None:
         """Wait until the group is STABLE and every shard of every handled stream is
-        read by exactly one running worker."""
+        read by exactly one running worker (and, with schedules, one worker runs them,
+        each with its next tick planned)."""
         deadline = time.monotonic() + timeout
         while True:
             problem = await self._assignment_problem()
@@ -537,6 +539,8 @@ class TestRuntime(RuntimeObservations):
                 count = reading.get(ShardId.parse(info.shard), 0)
                 if count != 1:
                     return f"{info.shard} read by {count} workers"
+        if self.app.schedules:
+            return await schedules_problem(self.service, self.redis, self.keyspace, workers)
         return None
 
     async def shard_keys(self, stream: str) -> list[str]:

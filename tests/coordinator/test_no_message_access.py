@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
+from datetime import timedelta
 
 import anyio
 import pytest
@@ -55,6 +56,12 @@ async def test_the_coordinator_never_touches_stream_messages(
     async def handle(value: dict[str, int]) -> None:
         handled.append(value["n"])
 
+    # A schedule too: its ticks are published by a member, never by the coordinator.
+    app.stream("reports", shards=1)
+
+    @app.schedule("beat", stream="reports", every=timedelta(seconds=1))
+    def beat() -> None: ...
+
     # The coordinator's own connections (closed after the runtime, which uses them
     # until its workers and producers have stopped).
     real = create_redis(Settings(redis_url=streamworks_redis_url))
@@ -90,6 +97,12 @@ async def test_the_coordinator_never_touches_stream_messages(
                 for n in range(30, 40):
                     await app.publish("orders", {"n": n}, key=f"k{n}")
                 await rt.wait_idle()
+
+                async def ticked() -> bool:
+                    info = await coordinator.group_info("g")
+                    return any(s.published >= 2 for s in info.schedules)
+
+                await wait_for(ticked, timeout=10, message="two ticks of the schedule")
                 status = await coordinator.status()
                 await coordinator.routing("orders")
                 await coordinator.stream_info("orders")
@@ -99,7 +112,9 @@ async def test_the_coordinator_never_touches_stream_messages(
         await real.aclose()
 
     assert sorted(handled) == list(range(40))
-    assert {s.name for s in status.streams} == {"audit", "orders"}
+    assert {s.name for s in status.streams} == {"audit", "orders", "reports", "sw-schedules"}
+    [group] = status.groups
+    assert [s.name for s in group.schedules] == ["beat"]
     names = {c[0] for c in recording.commands}
     # The recorder saw the coordinator's work, status reads included...
     assert {"EVALSHA", "HMGET", "XLEN", "XINFO GROUPS"} <= names, names

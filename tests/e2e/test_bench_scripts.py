@@ -42,6 +42,7 @@ SCRIPTS: dict[str, tuple[list[str], str]] = {
     "processes": (["processes.py", "--rounds", "1", "--messages", "4000"], "--processes"),
     "op-costs": (["op_costs.py", "--quick"], "server µs/op"),
     "status-scrape": (["status_scrape.py", "--quick"], "coordinator CPU"),
+    "schedules": (["schedules.py", "--quick", "--rounds", "1"], "tick → in stream ms"),
     "throughput": (
         ["throughput.py", "--rounds", "1", "--messages", "4000", "--publish-messages", "1000"],
         "consume_ratio=",

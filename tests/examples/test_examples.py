@@ -8,6 +8,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -17,6 +18,8 @@ import httpx
 import pytest
 import uvicorn
 
+from examples.cron_report import app as cron_report
+from examples.cron_report import demo as cron_report_demo
 from examples.fanout import apps as fanout
 from examples.idempotency import demo as idempotency_demo
 from examples.idempotency.ledger import Ledger
@@ -39,6 +42,13 @@ async def test_fanout_each_group_handles_every_event(redis_env: str) -> None:
     await fanout.main()
     assert len(fanout.packed) == len(set(fanout.packed)) == 100
     assert fanout.revenue.total() == sum(range(100))
+
+
+async def test_cron_report_publishes_one_report_per_hour(redis_env: str) -> None:
+    await cron_report_demo.main()
+    assert [r.orders for r in cron_report.delivered] == [10, 5]
+    ends = [r.end for r in cron_report.delivered]
+    assert ends[1] - ends[0] == timedelta(hours=1) and ends[0].minute == ends[0].second == 0
 
 
 async def test_idempotency_on_sqlite(redis_env: str, tmp_path: Path) -> None:

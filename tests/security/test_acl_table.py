@@ -86,7 +86,8 @@ def test_each_family_pattern_matches_the_keys_keyspace_builds() -> None:
 def test_the_coordinator_cannot_read_acknowledge_or_delete_messages() -> None:
     """E24, in the grants themselves: nothing that reads, acknowledges or deletes
     entries on any key but dead letters (read and deleted only on an admin's request,
-    from the dashboard), and no hash read of a delayed message's payload."""
+    from the dashboard), and no hash read of a delayed message's payload (hash reads:
+    control-plane keys and the schedules' state only)."""
     forbidden = {
         "xreadgroup", "xread", "xrange", "xrevrange", "xack", "xclaim", "xautoclaim", "xdel",
         "xtrim", "rename", "hget", "hgetall", "hmget",
@@ -100,6 +101,10 @@ def test_the_coordinator_cannot_read_acknowledge_or_delete_messages() -> None:
             continue
         if patterns == {dead_letters}:
             assert not granted & {"xreadgroup", "xack", "xtrim"}, rule
+            continue
+        if patterns == {_PATTERNS["schedule"](Keyspace("sw"))}:
+            # Schedule state (tick times, counters) for status: no message is there.
+            assert granted <= {"hgetall", "smembers"}, rule
             continue
         assert not granted & forbidden, rule
 

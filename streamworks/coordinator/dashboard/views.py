@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from markupsafe import Markup
 
+from streamworks.coordinator.dashboard.schedules import ScheduleRow, schedule_rows
 from streamworks.coordinator.dashboard.throughput import GroupRate, metrics_url
 from streamworks.coordinator.observation import Observation, Sample
 from streamworks.protocol.control import GroupInfo, MemberInfo, StreamInfo
@@ -61,6 +62,7 @@ class GroupView:
     members: list[MemberRow]
     maps: list[StreamMap]
     hint: str | None = None  # why some members have nothing to read
+    schedules: list[ScheduleRow] = field(default_factory=list)  # schedules.py
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +261,7 @@ def _group_view(group: GroupInfo, streams: dict[str, StreamInfo]) -> GroupView:
         members=rows + [_member_row(m, None) for m in gone],
         maps=maps,
         hint=hint,
+        schedules=schedule_rows(group),
     )
 
 

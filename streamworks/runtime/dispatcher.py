@@ -182,6 +182,19 @@ class Dispatcher:
                 self._park(message, message.due)
         self._wake()
 
+    def wake(self, message: Message) -> bool:
+        """Run a parked message now (the rate gate, ``rate_gate.py``, holds messages
+        that got no slot parked until it has one for them). False: it is not parked
+        (run or dropped meanwhile)."""
+        handle = self._parked.pop(message, None)
+        if handle is None:
+            return False
+        handle.cancel()
+        message.due = 0.0
+        self._ready.append(message)
+        self._wake()
+        return True
+
     # -- discarding ------------------------------------------------------------------
     def discard(self, keep: Callable[[Message], bool]) -> int:
         """Drop every queued or parked message for which ``keep`` is false.

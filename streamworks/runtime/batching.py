@@ -39,6 +39,7 @@ from streamworks.runtime.failures import cancelled_from_outside, describe
 from streamworks.runtime.handler import HandlerSpec, discard_awaitable
 from streamworks.runtime.message import Context, Message
 from streamworks.runtime.ownership import RunCancelled
+from streamworks.runtime.rate_gate import attach
 
 if TYPE_CHECKING:
     from streamworks.runtime.acks import Acker
@@ -53,7 +54,9 @@ def handler_runtime(
 ) -> HandlerRuntime:
     """The runtime of one handler: per message, or per batch (``batch=``)."""
     if spec.batch is None:
-        return HandlerRuntime(worker, spec, acker, idempotency)
+        runtime = HandlerRuntime(worker, spec, acker, idempotency)
+        attach(runtime)  # its rate limit, if any
+        return runtime
     return BatchRuntime(worker, spec, acker, idempotency)
 
 

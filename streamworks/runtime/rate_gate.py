@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import weakref
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 
 from streamworks.ratelimit import RateLimit, start_waits
-from streamworks.runtime.dispatcher import Outcome, Processing, settled
+from streamworks.runtime.dispatcher import Processing
 from streamworks.runtime.metrics import FastHistogram
 
 if TYPE_CHECKING:
@@ -47,12 +48,16 @@ log = logging.getLogger("streamworks.ratelimit")
 #: How far ahead a slot is reserved: messages beyond it ask again later. Short, because
 #: the slots of parked messages a member loses (a shard moved on a join or a leave)
 #: are not returned: the rate dips by at most this much of the member's share.
-HORIZON = timedelta(milliseconds=250)
+HORIZON = timedelta(milliseconds=100)
 _HORIZON_MS = HORIZON / timedelta(milliseconds=1)
 #: A failed ask (Redis trouble) is repeated this much later; the message waits.
 _ASK_AGAIN = 0.5
 #: Held messages of a bucket ask again at most this often.
 _REASK_MIN = 0.025
+#: A slot is used up to this late (or one interval, if longer), then a new one is asked:
+#: over a short window, runs delayed together (a stalled event loop, a retry ahead of
+#: them) may start at most this much of the rate above the limit.
+_LATE = 0.25
 #: How long a held message stays parked if the gate never wakes it (a safety net: the
 #: gate wakes it much sooner).
 _HELD_FOR = 60.0
@@ -61,6 +66,8 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: The flag of a message that holds a slot whose start time has come (set by the gate
 #: when it parks the message, spent when the message runs).
 _SLOT = "_rate_slot"
+#: A message whose slot is asked for (or held): since when (the throttled seconds).
+_ASKING = "_rate_asking"
 
 
 class ThrottleStatistics:
@@ -83,28 +90,43 @@ def gated(
         return process
     gate = RateGate(runtime, spec.rate_limit, spec.rate_limit_key, process)
     runtime.worker.metrics.throttles[spec.stream] = gate.statistics
+    _GATES[runtime] = gate
     return gate.process
 
 
+def attach(runtime: HandlerRuntime) -> None:
+    """Once ``runtime`` has its dispatcher: its rate gate (if any) asks for the slots of
+    messages as they are queued, not only when each reaches its turn (the turn of a
+    key's next message would wait for a round trip after the previous one ran)."""
+    gate = _GATES.get(runtime)
+    if gate is not None:
+        runtime.dispatcher.before_submit = gate.submit
+
+
+_GATES: weakref.WeakKeyDictionary[HandlerRuntime, RateGate] = weakref.WeakKeyDictionary()
+
+
 class _Held:
-    """The messages of one bucket that got no slot: parked until the gate wakes them."""
+    """The messages of one bucket that got no slot within the horizon."""
 
     __slots__ = ("asked", "messages", "reask_at")
 
     def __init__(self) -> None:
         self.messages: deque[Message] = deque()
-        self.reask_at = math.inf  # when to wake some of them to ask again
+        self.reask_at = math.inf  # when to ask again for some of them
         self.asked = 0.0  # when this bucket was last asked (clock time)
 
 
 class RateGate:
     """Holds each run of one handler until the group's bucket grants it a start time.
 
-    A message that gets no slot within the horizon is *held*: parked in the dispatcher
-    until the gate wakes it to ask again. Only as many are woken as slots can have come
-    free for the bucket since it was last asked (at most every ``_REASK_MIN``): a
-    backlog of thousands costs the gate what the rate costs, not one ask per message
-    per cycle.
+    A message without a slot is parked in the dispatcher at once (its runner is free
+    for the next message) and queued here; one task sends the queued asks, one script
+    call at a time for all of them, and re-times each granted message's park to its
+    slot (``Dispatcher.wake``). Messages beyond the horizon are *held* and asked for
+    again, as many at a time as slots can have come free since the bucket was last
+    asked (at most every ``_REASK_MIN``): a backlog of thousands costs what the rate
+    costs, not one ask per message per cycle.
     """
 
     def __init__(
@@ -124,55 +146,61 @@ class RateGate:
         self._bucket = worker.keyspace.rate_bucket(worker.group, runtime.spec.stream)
         self._keyspace, self._group = worker.keyspace, worker.group
         self._stream = runtime.spec.stream
-        self._asking: list[tuple[Message, asyncio.Future[float | None]]] = []
-        self._flushing = False
-        self._flusher: asyncio.Task[None] | None = None  # the next call's sender
+        self._asking: list[Message] = []
+        self._sender: asyncio.Task[None] | None = None
         self._held: dict[str, _Held] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         # Most runs one ask can be granted (the horizon's worth, plus the burst).
         self._most = math.floor((_HORIZON_MS + limit.tolerance_ms) / limit.interval_ms) + 1
+        # How late a run may start on its slot: later, it asks for a new one (runs
+        # bunched after a delay would exceed the limit over short windows).
+        self._late = max(limit.interval_ms / 1000, _LATE)
         self.statistics = ThrottleStatistics()
 
+    def submit(self, messages: list[Message]) -> None:
+        """Messages just queued in the dispatcher: ask for their slots now."""
+        now = self._clock.monotonic()
+        for message in messages:
+            if _will_run(message):
+                message.__dict__[_ASKING] = now
+                self._asking.append(message)
+        self._start_sending()
+
     def process(self, message: Message) -> Processing:
-        """The dispatcher's callback: run a message whose slot has come, else ask."""
-        if message.__dict__.pop(_SLOT, False) or not _will_run(message):
-            # Its slot has come (or it will not run the handler at all: dead letters,
-            # a revoked shard's drop): the straight line, unchanged.
+        """The dispatcher's callback: run a message whose slot has come; park one that
+        has none until the gate has one for it."""
+        state = message.__dict__
+        slot = state.pop(_SLOT, False)
+        if not _will_run(message):  # dead letters, a revoked shard's drop: no run
             return self._inner(message)
-        return self._ask(message)
+        if slot and self._clock.monotonic() - message.due <= self._late:
+            return self._inner(message)  # its slot has come: the straight line
+        # No slot, or one long past (it waited behind its key's retry): a slot of its
+        # own now, or it would start together with the ones whose slots are now.
+        now = self._clock.monotonic()
+        if _ASKING not in state:  # a retry (or one whose ask was lost): a new slot
+            state[_ASKING] = now
+            self._asking.append(message)
+            self._start_sending()
+        return now + _HELD_FOR  # parked until woken (a safety net: it asks again then)
 
-    async def _ask(self, message: Message) -> Outcome:
-        future: asyncio.Future[float | None] = asyncio.get_running_loop().create_future()
-        self._asking.append((message, future))
-        if not self._flushing:
-            await self._flush()
-        wait = await future
-        if wait is None:  # held (no slot within the horizon), or Redis trouble
-            return message.due
-        if wait <= 0:
-            return await settled(self._inner(message))
-        message.__dict__[_SLOT] = True
-        return self._clock.monotonic() + wait
+    def _start_sending(self) -> None:
+        if self._asking and self._sender is None:
+            self._sender = asyncio.get_running_loop().create_task(self._send())
 
-    async def _flush(self) -> None:
-        """Send every ask queued meanwhile as one script call. The asks that queue while
-        it is in flight go in the next call, sent by a task of its own: the caller's own
-        message runs as soon as its reply is in, not after the others' asks."""
-        self._flushing = True
-        asking: list[tuple[Message, asyncio.Future[float | None]]] = []
+    async def _send(self) -> None:
+        """Send the queued asks, all of them in one script call at a time."""
         try:
-            await asyncio.sleep(0)  # the other runners of this loop step queue theirs
-            asking, self._asking = self._asking, []
-            await self._take(asking)
+            while self._asking:
+                await asyncio.sleep(0)  # the rest of this loop step queues its asks
+                asking, self._asking = self._asking, []
+                await self._take(asking)
         finally:
-            for message, future in asking:  # cancelled or failed: ask again later
-                if not future.done():
-                    message.due = self._clock.monotonic() + _ASK_AGAIN
-                    future.set_result(None)
-            self._flushing = False
-            if self._asking:
-                self._flusher = asyncio.get_running_loop().create_task(self._flush())
+            self._sender = None
+            if self._asking:  # cancelled with asks queued: they are asked again later
+                self._hold(self._bucket, self._asking, _ASK_AGAIN)
+                self._asking = []
 
     def _bucket_of(self, message: Message) -> str:
         if self._key_of is None:
@@ -186,10 +214,18 @@ class RateGate:
             return self._bucket
         return self._keyspace.rate_key_bucket(self._group, self._stream, str(key))
 
-    async def _take(self, asking: list[tuple[Message, asyncio.Future[float | None]]]) -> None:
-        by_bucket: dict[str, list[tuple[Message, asyncio.Future[float | None]]]] = {}
-        for item in asking:
-            by_bucket.setdefault(self._bucket_of(item[0]), []).append(item)
+    async def _take(self, asking: list[Message]) -> None:
+        dispatcher = self._runtime.dispatcher
+        by_bucket: dict[str, list[Message]] = {}
+        for message in asking:
+            # One of a shard that moved while it waited asks for nothing: a slot it
+            # would not use is a slot the group loses.
+            if _will_run(message):
+                by_bucket.setdefault(self._bucket_of(message), []).append(message)
+            else:
+                message.__dict__.pop(_ASKING, None)
+        if not by_bucket:
+            return
         limit = self._limit
         buckets = list(by_bucket)
         args: list[str | int] = [*limit.script_args(HORIZON, self._clock.offset_ms)]
@@ -199,29 +235,38 @@ class RateGate:
             reply = await self._scripts.rate_take(keys=buckets, args=args)
         except RedisError as e:
             log.warning("rate limit of %s: asking for slots failed (%s); again soon", buckets[0], e)
-            return  # the caller parks them to ask again
+            for bucket, messages in by_bucket.items():
+                self._hold(bucket, messages, _ASK_AGAIN)
+            return
         now = self._clock.monotonic()
         stats = self.statistics
         for j, bucket in enumerate(buckets):
             granted, base = int(reply[1 + 2 * j]), float(reply[2 + 2 * j])
-            items = by_bucket[bucket]
-            for (_, future), wait_ms in zip(items, start_waits(granted, base, limit), strict=False):
-                wait = wait_ms / 1000
-                stats.seconds += wait
-                stats.waits.observe(wait)
-                future.set_result(wait)
-            if granted < len(items):
-                # Held until slots come within the horizon: when the granted runs
-                # have started (every member's), and not sooner than _REASK_MIN.
+            messages = by_bucket[bucket]
+            for message, wait_ms in zip(messages, start_waits(granted, base, limit), strict=False):
+                due = now + wait_ms / 1000
+                state = message.__dict__
+                waited = due - state.pop(_ASKING, now)
+                stats.seconds += waited
+                stats.waits.observe(waited)
+                state[_SLOT] = True
+                # Parked until woken: now parked until its slot. Still queued (behind its
+                # lane's head, or not taken by a runner yet): the runner parks it then.
+                if not dispatcher.wake(message, due):
+                    message.due = due
+            if granted < len(messages):
+                # Held until slots come within the horizon: when the granted runs have
+                # started (every member's), and not sooner than _REASK_MIN.
                 free_at = base + granted * limit.interval_ms - limit.tolerance_ms - _HORIZON_MS
-                held = self._held.setdefault(bucket, _Held())
-                held.asked = now
-                held.reask_at = min(held.reask_at, now + max(_REASK_MIN, free_at / 1000))
-                for message, future in items[granted:]:
-                    message.due = now + _HELD_FOR
-                    held.messages.append(message)
-                    future.set_result(None)
-                self._arm(held.reask_at)
+                self._hold(bucket, messages[granted:], max(_REASK_MIN, free_at / 1000))
+
+    def _hold(self, bucket: str, messages: list[Message], after: float) -> None:
+        now = self._clock.monotonic()
+        held = self._held.setdefault(bucket, _Held())
+        held.messages.extend(messages)
+        held.asked = now
+        held.reask_at = min(held.reask_at, now + after)
+        self._arm(held.reask_at)
 
     def _arm(self, at: float) -> None:
         if at >= self._timer_at:
@@ -233,34 +278,26 @@ class RateGate:
         self._timer = asyncio.get_running_loop().call_later(delay, self._reask)
 
     def _reask(self) -> None:
-        """Wake held messages to ask again: per bucket whose time has come, as many as
-        slots can have come free since it was last asked (each wakes a held message's
-        park in the dispatcher: it asks when it reaches a runner)."""
+        """Ask again for held messages: per bucket whose time has come, as many as slots
+        can have come free since it was last asked."""
         self._timer, self._timer_at = None, math.inf
         now = self._clock.monotonic()
         interval = self._limit.interval_ms / 1000
-        dispatcher = self._runtime.dispatcher
         for bucket, held in list(self._held.items()):
             if held.reask_at > now:
                 self._arm(held.reask_at)
                 continue
             room = min(self._most, max(1, math.ceil((now - held.asked) / interval)))
-            woken = 0
             queue = held.messages
-            while queue and woken < room:
-                message = queue.popleft()
-                held_since = message.due - _HELD_FOR
-                # Not parked any more: dropped (its shard moved, the lease ended).
-                if dispatcher.wake(message):
-                    self.statistics.seconds += max(0.0, now - held_since)
-                    woken += 1
-            held.asked = now
-            held.reask_at = math.inf
+            for _ in range(min(room, len(queue))):
+                self._asking.append(queue.popleft())
+            held.asked, held.reask_at = now, math.inf
             if queue:
                 held.reask_at = now + _REASK_MIN
                 self._arm(held.reask_at)
             else:
                 del self._held[bucket]
+        self._start_sending()
 
 
 def _will_run(message: Message) -> bool:

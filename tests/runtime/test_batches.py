@@ -214,9 +214,7 @@ async def test_a_crash_mid_batch_loses_nothing(
     async with streamworks_runtime(app, workers=2) as rt:
         await app.publish_many("events", _events(100, keys=10))
         await first.wait()
-        owner = next(
-            i for i, w in enumerate(rt.workers) if w.handlers["events"].dispatcher.running
-        )
+        owner = next(i for i, w in enumerate(rt.workers) if w.handlers["events"].dispatcher.running)
         await rt.kill_worker(owner)
         await rt.advance(5)  # its lease runs out: the other member takes its shards
         await rt.wait_idle(timeout=30)
@@ -224,35 +222,45 @@ async def test_a_crash_mid_batch_loses_nothing(
     assert len(done) == 100  # the batch in the dead member never completed
 
 
-async def test_shards_moving_mid_batch_lose_nothing_and_keep_key_order(
+async def test_shards_revoked_mid_batch_then_a_scale_lose_nothing_and_keep_key_order(
     streamworks_runtime: Callable[..., TestRuntime],
 ) -> None:
     app = App("g")
     app.stream("events", shards=4)
     done: list[Event] = []
+    cancelled: list[Event] = []
     started = anyio.Event()
-    release = anyio.Event()
 
-    @app.handler("events", batch=Batch(max_size=30, max_wait=timedelta(milliseconds=20)))
+    # One batch of everything (all four shards): a member joins while it runs, two of
+    # its shards are revoked and, as it never ends, taken from it (the run cancelled).
+    @app.handler("events", ordering="key", batch=Batch(max_size=200, max_wait=timedelta(seconds=1)))
     async def write(events: list[Event]) -> None:
         if not started.is_set():
             started.set()
-            await release.wait()  # shards are revoked and the stream scaled meanwhile
+            try:
+                await anyio.sleep_forever()
+            finally:
+                cancelled.extend(events)
+        await anyio.sleep(0.005)  # batches keep running while the stream is scaled
         done.extend(events)
 
     async with streamworks_runtime(app, workers=1) as rt:
         await app.publish_many("events", _events(200, keys=20))
         await started.wait()
-        await rt.add_worker(wait=False)  # a rebalance revokes some shards mid-batch
-        await rt.scale("events", 6, wait=False)
         first = rt.workers[0]
+        await rt.add_worker(wait=False)  # a rebalance revokes two shards mid-batch
         await wait_for(lambda: bool(first.revoking_shards()), message="a revocation")
-        release.set()
+        await wait_for(lambda: bool(cancelled), timeout=30, message="the batch cancelled")
         await rt.wait_assigned(timeout=30)
-        await app.publish_many("events", [Record(Event(key="k0", seq=200), key="k0")])
+        await app.publish_many("events", _events(400, keys=20)[200:])
+        await rt.scale("events", 6, timeout=60)  # while those are handled
+        await app.publish_many("events", [Record(Event(key="k0", seq=400), key="k0")])
         await rt.wait_idle(timeout=30)
+        stats = rt.statistics("events")
     seqs = [e.seq for e in done]
-    assert sorted(set(seqs)) == list(range(201))  # nothing lost (at least once)
+    assert sorted(set(seqs)) == list(range(401))  # nothing lost (at least once)
+    assert {e.seq for e in cancelled} == set(range(200))  # the first batch: everything
+    assert stats["failed"] == 0  # an ownership loss is no failed attempt
     per_key: dict[str, list[int]] = collections.defaultdict(list)
     for e in done:
         per_key[e.key].append(e.seq)

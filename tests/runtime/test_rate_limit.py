@@ -5,7 +5,6 @@ messages wait (never failed or dead-lettered) and the wait is a metric."""
 from __future__ import annotations
 
 import bisect
-import itertools
 import time
 from collections.abc import Callable
 
@@ -61,7 +60,9 @@ async def test_three_workers_hold_the_group_rate_within_ten_percent_while_member
         assert await rt.dead_letters("calls") == []
         metrics = await rt.worker_metrics(1)
     expected = rate * window
+    halves = [_in_window(starts, begin + k / 2, 0.5) for k in range(int(window * 2))]
     print(f"rate limit {rate}/s, 3 workers (+1 joined, 1 left): {ran} runs in {window}s")
+    print("runs per half second:", halves)
     assert abs(ran - expected) <= 0.1 * expected, f"{ran} runs in {window}s, limit {expected}"
     # Never above it over any 10 s, wherever the window starts. (Over shorter windows
     # a start may come late, under a loaded event loop, and bunch with on-time ones: a
@@ -119,8 +120,11 @@ async def test_a_retry_takes_a_new_slot_and_the_wait_is_not_an_attempt(
         await rt.wait_idle(timeout=20)
         stats = rt.statistics("calls")
     assert [a for a, _ in runs] == [1, 2, 1, 1]
-    gaps = [b[1] - a[1] for a, b in itertools.pairwise(runs)]
-    assert min(gaps) >= 0.15, gaps  # the retry waited for a slot of its own too
+    times = [t for _, t in runs]
+    assert times[1] - times[0] >= 0.19, times  # the retry waited for a slot of its own
+    # Four runs, four slots 200 ms apart (the later ones may start up to 250 ms late on
+    # theirs, behind the retry, and then start together: see docs/rate-limits.md).
+    assert times[-1] - times[0] >= 0.6 - 0.25, times
     assert stats["failed"] == 1 and stats["handled"] == 3
 
 

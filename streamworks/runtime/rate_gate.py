@@ -66,6 +66,8 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: The flag of a message that holds a slot whose start time has come (set by the gate
 #: when it parks the message, spent when the message runs).
 _SLOT = "_rate_slot"
+#: A message parked in the dispatcher until its slot (not queued behind its key).
+_PARKED = "_rate_parked"
 #: A message whose slot is asked for (or held): since when (the throttled seconds).
 _ASKING = "_rate_asking"
 
@@ -174,10 +176,14 @@ class RateGate:
         slot = state.pop(_SLOT, False)
         if not _will_run(message):  # dead letters, a revoked shard's drop: no run
             return self._inner(message)
-        if slot and self._clock.monotonic() - message.due <= self._late:
-            return self._inner(message)  # its slot has come: the straight line
-        # No slot, or one long past (it waited behind its key's retry): a slot of its
-        # own now, or it would start together with the ones whose slots are now.
+        if slot and (
+            state.pop(_PARKED, False) or self._clock.monotonic() - message.due <= self._late
+        ):
+            # Its slot has come: the straight line. (Parked until its slot, it became
+            # ready then; late only for want of a runner, like any message.)
+            return self._inner(message)
+        # No slot, or one long past while it waited behind its key (a retry ahead of
+        # it): a slot of its own now, or it would start together with later ones.
         now = self._clock.monotonic()
         if _ASKING not in state:  # a retry (or one whose ask was lost): a new slot
             state[_ASKING] = now
@@ -252,7 +258,9 @@ class RateGate:
                 state[_SLOT] = True
                 # Parked until woken: now parked until its slot. Still queued (behind its
                 # lane's head, or not taken by a runner yet): the runner parks it then.
-                if not dispatcher.wake(message, due):
+                if dispatcher.wake(message, due):
+                    state[_PARKED] = True  # ready at its slot (see process)
+                else:
                     message.due = due
             if granted < len(messages):
                 # Held until slots come within the horizon: when the granted runs have

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from streamworks.app import App as App
 from streamworks.app import StreamSpec as StreamSpec
+from streamworks.batch import Batch as Batch
 from streamworks.exceptions import ConfigurationError as ConfigurationError
 from streamworks.exceptions import DecodeError as DecodeError
 from streamworks.exceptions import NoShardsError as NoShardsError
@@ -27,6 +28,8 @@ from streamworks.exceptions import StreamworksError as StreamworksError
 from streamworks.middleware import Middleware as Middleware
 from streamworks.protocol.codec import Codec as Codec
 from streamworks.protocol.codec import JsonCodec as JsonCodec
+from streamworks.ratelimit import RateLimit as RateLimit
+from streamworks.runtime.batch_context import BatchContext as BatchContext
 from streamworks.runtime.idempotency import IdempotencyStore as IdempotencyStore
 from streamworks.runtime.idempotency import RedisIdempotencyStore as RedisIdempotencyStore
 from streamworks.runtime.message import Context as Context
@@ -41,6 +44,8 @@ __version__ = "0.1.0"
 
 __all__ = (
     "App",
+    "Batch",
+    "BatchContext",
     "Codec",
     "ConfigurationError",
     "Context",
@@ -52,6 +57,7 @@ __all__ = (
     "NoShardsError",
     "PublishError",
     "Published",
+    "RateLimit",
     "Record",
     "RedisIdempotencyStore",
     "Retry",

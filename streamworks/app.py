@@ -22,13 +22,16 @@ import anyio.from_thread
 import anyio.lowlevel
 
 from streamworks.delay import due_from
+from streamworks.batch import Batch
 from streamworks.exceptions import ConfigurationError, NotConnectedError
 from streamworks.middleware import Middleware, PublishNext, check_middleware, compose_publish
 from streamworks.protocol.codec import Codec, JsonCodec
 from streamworks.protocol.shards import validate_name
 from streamworks.redis.keyspace import Keyspace
+from streamworks.ratelimit import RateLimit
+from streamworks.runtime.batch_context import batch_plan
 from streamworks.runtime.handler import HandlerSpec, Ordering, build_plan
-from streamworks.runtime.message import Context
+from streamworks.runtime.message import Context, Message
 from streamworks.runtime.producer import Producer, Published, Record
 from streamworks.runtime.retry import RetryPolicy
 from streamworks.runtime.schedule_spec import ScheduleSpec, make_schedule_spec
@@ -187,9 +190,12 @@ class App:
         *,
         retry: RetryPolicy | None = None,
         ordering: Ordering = "key",
-        concurrency: int = 64,
+        concurrency: int | None = None,
         idempotency_key: Callable[[Any, Context], str | None] | None = None,
         timeout: float | None = None,
+        rate_limit: str | RateLimit | None = None,
+        rate_limit_key: Callable[[Message], str | None] | None = None,
+        batch: Batch | None = None,
     ) -> Callable[[Callable[P, T]], Callable[P, T]]:
         """Register the handler of ``stream`` (one per stream per app).
 
@@ -201,6 +207,13 @@ class App:
             concurrency: messages in flight at once in this worker for this handler.
             idempotency_key: ``(value, ctx) -> key``; enables the idempotency hooks.
             timeout: seconds a single attempt may take before it counts as failed.
+            rate_limit: runs per period for the whole group, across all its members
+                (``"200/s"``, ``RateLimit.parse("10/m", burst=5)``); messages wait for
+                their turn, never fail for it (docs/rate-limits.md).
+            rate_limit_key: ``(message) -> key``: one limit per key instead (a message
+                whose key is None shares the handler's bucket).
+            batch: run the handler on lists of messages (docs/batches.md); then
+                ``concurrency`` counts batches in flight and defaults to 1.
         """
         if stream not in self.streams:
             raise ConfigurationError(
@@ -215,8 +228,17 @@ class App:
             )
         if ordering not in ("shard", "key", "none"):
             raise ConfigurationError(f"ordering must be 'shard', 'key' or 'none', not {ordering!r}")
+        if concurrency is None:
+            concurrency = 64 if batch is None else 1
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigurationError("concurrency must be a positive int")
+        limit = None if rate_limit is None else RateLimit.parse(rate_limit)
+        if rate_limit_key is not None and limit is None:
+            raise ConfigurationError("rate_limit_key= needs a rate_limit= to apply per key")
+        if rate_limit_key is not None and inspect.iscoroutinefunction(rate_limit_key):
+            raise ConfigurationError("rate_limit_key must be a plain function (message) -> str")
+        if batch is not None and not isinstance(batch, Batch):
+            raise ConfigurationError(f"batch= must be a Batch(...), not {batch!r}")
         if timeout is not None and timeout <= 0:
             raise ConfigurationError("timeout must be positive")
         if idempotency_key is not None and inspect.iscoroutinefunction(idempotency_key):
@@ -234,7 +256,10 @@ class App:
                 concurrency=concurrency,
                 idempotency_key=idempotency_key,
                 timeout=timeout,
-                plan=build_plan(fn, self.codec),
+                plan=build_plan(fn, self.codec) if batch is None else batch_plan(fn, self.codec),
+                rate_limit=limit,
+                rate_limit_key=rate_limit_key,
+                batch=batch,
             )
             return fn
 

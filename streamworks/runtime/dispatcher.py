@@ -115,8 +115,15 @@ class Dispatcher:
         return None
 
     # -- feeding -------------------------------------------------------------------
+    #: Sees each batch of messages as it is queued (a rate limit asks for their slots
+    #: then: ``rate_gate.py``); None without one.
+    before_submit: Callable[[list[Message]], None] | None = None
+
     def submit(self, messages: Iterable[Message]) -> None:
         """Queue messages; they run in order within their lane."""
+        if self.before_submit is not None:
+            messages = list(messages)
+            self.before_submit(messages)
         ready = self._ready
         if self._ordering == "none":
             ready.extend(messages)
@@ -182,6 +189,22 @@ class Dispatcher:
             else:
                 self._park(message, message.due)
         self._wake()
+
+    def wake(self, message: Message, due: float = 0.0) -> bool:
+        """Re-time a parked message: run it at ``due`` (now if it has passed). The rate
+        gate (``rate_gate.py``) parks messages until it has a slot for them. False: it
+        is not parked (it was dropped meanwhile)."""
+        handle = self._parked.pop(message, None)
+        if handle is None:
+            return False
+        handle.cancel()
+        message.due = due
+        if due > self._clock.monotonic():
+            self._park(message, due)
+        else:
+            self._ready.append(message)
+            self._wake()
+        return True
 
     # -- discarding ------------------------------------------------------------------
     def discard(self, keep: Callable[[Message], bool]) -> int:

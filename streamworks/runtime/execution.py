@@ -66,6 +66,7 @@ from streamworks.runtime.handler import (
 from streamworks.runtime.message import Context, Message
 from streamworks.runtime.metrics import HandlerStatistics
 from streamworks.runtime.ownership import FirstSteps, RunCancelled
+from streamworks.runtime.rate_gate import gated
 
 if TYPE_CHECKING:
     from streamworks.app import App
@@ -133,7 +134,7 @@ class HandlerRuntime:
         self.dispatcher = Dispatcher(
             spec.ordering,
             spec.concurrency,
-            self._process_simple if simple else self.process,
+            gated(self, self._process_simple if simple else self.process),  # rate_limit=
             self._dropped,
             worker.clock,
         )
@@ -386,8 +387,7 @@ class HandlerRuntime:
             args: list[Any] = [value]
         else:
             args = bind_arguments(plan, value, message, context)
-        # Real time, not the worker's clock: a timeout bounds the handler's own work.
-        timeout = self.spec.timeout
+        timeout = self.spec.timeout  # real time, not the worker's clock: the handler's work
         try:
             if plan.is_async:
                 with anyio.fail_after(timeout) if timeout is not None else nullcontext():

@@ -16,8 +16,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from streamworks.batch import Batch
 from streamworks.exceptions import ConfigurationError, DecodeError
 from streamworks.protocol.codec import Codec
+from streamworks.ratelimit import RateLimit
 from streamworks.runtime.message import Context, Message
 from streamworks.runtime.retry import RetryPolicy
 
@@ -52,6 +54,11 @@ class HandlerSpec:
     idempotency_key: Callable[[Any, Context], str | None] | None
     timeout: float | None
     plan: CallPlan = field(repr=False)
+    # Issue 21: a group-wide rate limit (runtime/rate_gate.py), optionally per key of
+    # the message view; batches (runtime/batching.py: then ``plan`` is a batch plan).
+    rate_limit: RateLimit | None = None
+    rate_limit_key: Callable[[Message], str | None] | None = None
+    batch: Batch | None = None
 
     @property
     def name(self) -> str:

@@ -39,8 +39,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
+from streamworks.runtime.scheduling_metrics import scheduling_families
+
 if TYPE_CHECKING:
+    from streamworks.runtime.batch_dispatcher import BatchStatistics
     from streamworks.runtime.producer import Producer
+    from streamworks.runtime.rate_gate import ThrottleStatistics
     from streamworks.runtime.worker import Worker
 
 __all__ = ("FastHistogram", "HandlerStatistics", "PublishMetrics", "WorkerMetrics")
@@ -160,6 +164,9 @@ class WorkerMetrics:
         self.positions: dict[str, tuple[int, int | None]] = {}
         #: (stream, reason) -> reads that failed (``reader.read_error_reason``).
         self.read_errors: dict[tuple[str, str], int] = {}
+        #: Rate limits and batch handlers, by stream (scheduling_metrics.py).
+        self.throttles: dict[str, ThrottleStatistics] = {}
+        self.batches: dict[str, BatchStatistics] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_WorkerCollector(self))
         ProcessCollector(registry=self.registry)
@@ -334,6 +341,7 @@ class _WorkerCollector(Collector):
                 lag.add_metric([group, stream, shard], n_lag)
         yield pending
         yield lag
+        yield from scheduling_families(group, metrics.throttles, metrics.batches)
         yield from _publish_families(metrics.producer())
 
 

@@ -31,6 +31,7 @@ from streamworks.redis.scripts import Scripts
 from streamworks.runtime import history
 from streamworks.runtime.acks import Acker
 from streamworks.runtime.delay_mover import DelayMetrics, read_and_move
+from streamworks.runtime.batching import handler_runtime
 from streamworks.runtime.execution import HandlerRuntime
 from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencyStore
 from streamworks.runtime.lease import Lease
@@ -116,7 +117,7 @@ class Worker:
             completed_ttl=self.settings.worker.idempotency_ttl,
         )
         self.handlers: dict[str, HandlerRuntime] = {
-            stream: HandlerRuntime(self, spec, self.acker, store)
+            stream: handler_runtime(self, spec, self.acker, store)  # per message or batch
             for stream, spec in app.handlers.items()
         }
         self.readers: dict[ShardId, ShardReader] = {}

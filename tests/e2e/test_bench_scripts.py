@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(240)
 
 SCRIPTS: dict[str, tuple[list[str], str]] = {
+    "batch": (["batch.py", "--quick", "--messages", "2000"], "batch_ratio="),
     "consume": (
         ["consume.py", "--rounds", "1", "--messages", "4000", "--slow-messages", "400",
          "--only", "raw-per-shard,raw-lean,raw-100,streamworks,streamworks-lib"],

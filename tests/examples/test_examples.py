@@ -228,3 +228,12 @@ async def test_fastapi_app_publishes_asynchronously(streamworks_redis_url: str) 
         check_answers(answers)
         await rt.wait_idle(timeout=10)
         assert sorted(events.welcomed) == ["ada@example.org", "alan@example.org"]
+
+
+async def test_batch_writer_stores_every_valid_reading_and_dead_letters_the_rest(
+    redis_env: str, tmp_path: Path
+) -> None:
+    from examples.batch_writer import app as batch_writer
+
+    rows, dead = await batch_writer.main(tmp_path / "readings.db", count=2_000)
+    assert (rows, dead) == (1_980, 20)

@@ -21,22 +21,24 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from streamworks.delay import due_from
+from streamworks.app_checks import Hook, check_delay_parameters, check_hook
 from streamworks.batch import Batch
+from streamworks.delay import due_from
 from streamworks.exceptions import ConfigurationError, NotConnectedError
 from streamworks.middleware import Middleware, PublishNext, check_middleware, compose_publish
 from streamworks.protocol.codec import Codec, JsonCodec
 from streamworks.protocol.shards import validate_name
-from streamworks.redis.keyspace import Keyspace
 from streamworks.ratelimit import RateLimit
+from streamworks.redis.keyspace import Keyspace
 from streamworks.runtime.batch_context import batch_plan
 from streamworks.runtime.handler import HandlerSpec, Ordering, build_plan
 from streamworks.runtime.message import Context, Message
-from streamworks.runtime.producer import Producer, Published, Record
+from streamworks.runtime.producer import Published, Record
 from streamworks.runtime.retry import RetryPolicy
 from streamworks.runtime.schedule_spec import ScheduleSpec, make_schedule_spec
 from streamworks.schedule import CatchUp
 from streamworks.settings import Settings
+from streamworks.sync_publisher import DurablePublisher, SyncPublisher
 
 if TYPE_CHECKING:
     from streamworks.runtime.connection import Connection
@@ -46,8 +48,6 @@ __all__ = ("App", "StreamSpec")
 
 P = ParamSpec("P")
 T = TypeVar("T")
-#: An ``on_startup``/``on_shutdown`` hook: a function of no arguments, async or not.
-Hook = Callable[[], Any]
 H = TypeVar("H", bound=Hook)
 #: ``App(lifespan=...)``: called with the app, returns an async context manager.
 Lifespan = Callable[["App"], AbstractAsyncContextManager[Any]]
@@ -291,7 +291,7 @@ class App:
 
         def decorate(fn: Callable[P, Any]) -> Callable[P, Awaitable[Published]]:
             is_async = inspect.iscoroutinefunction(fn)
-            _check_delay_parameters(fn)
+            check_delay_parameters(fn)
 
             @functools.wraps(fn)
             async def publish(*args: P.args, **kwargs: P.kwargs) -> Published:
@@ -389,7 +389,7 @@ class App:
         :class:`~streamworks.StartupError`. ``app.connect()`` (a producer-only
         process) runs no hooks.
         """
-        self.startup_hooks.append(_check_hook("on_startup", fn))
+        self.startup_hooks.append(check_hook("on_startup", fn))
         return fn
 
     def on_shutdown(self, fn: H) -> H:
@@ -400,7 +400,7 @@ class App:
         publish; every hook runs even if an earlier one failed (failures are
         logged). They run only if the startup completed.
         """
-        self.shutdown_hooks.append(_check_hook("on_shutdown", fn))
+        self.shutdown_hooks.append(check_hook("on_shutdown", fn))
         return fn
 
     # -- publishing ------------------------------------------------------------------
@@ -453,7 +453,7 @@ class App:
             return chain
         return compose_publish(
             self.middleware,
-            _DurablePublisher(  # type: ignore[arg-type]  # quacks like Producer.publish_many
+            DurablePublisher(  # type: ignore[arg-type]  # quacks like Producer.publish_many
                 self.connection.producer, min_replicas, replica_timeout
             ),
         )
@@ -583,90 +583,3 @@ class App:
             return publisher.publish(
                 stream, value, key=key, event_id=event_id, headers=headers, **timing
             )
-
-
-def _check_delay_parameters(fn: Any) -> None:
-    """``delay``/``at`` of a producer route's call are the publish's, never the function's."""
-    try:
-        names = set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return
-    clash = sorted(names & {"delay", "at"})
-    if clash:
-        raise ConfigurationError(
-            f"@app.producer function {getattr(fn, '__qualname__', fn)!r} has a parameter "
-            f"named {clash[0]!r}: that name is the publish's (delayed messages); rename it"
-        )
-
-
-def _check_hook(kind: str, fn: Any) -> Hook:
-    if not callable(fn):
-        raise ConfigurationError(f"@app.{kind} needs a function, not {fn!r}")
-    try:
-        inspect.signature(fn).bind()
-    except TypeError:
-        raise ConfigurationError(
-            f"@app.{kind} hook {getattr(fn, '__qualname__', fn)!r} must take no arguments"
-        ) from None
-    except ValueError:
-        pass  # no signature to inspect (some builtins): trust it
-    hook: Hook = fn
-    return hook
-
-
-class SyncPublisher:
-    """Blocking publishing handle returned by ``App.connect_sync()``."""
-
-    def __init__(self, app: App, portal: Any) -> None:
-        self._app = app
-        self._portal = portal
-
-    def publish(
-        self,
-        stream: str,
-        value: Any,
-        *,
-        key: str | None = None,
-        event_id: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        delay: timedelta | float | None = None,
-        at: datetime | None = None,
-    ) -> Published:
-        result: Published = self._portal.call(
-            functools.partial(
-                self._app.publish,
-                stream,
-                value,
-                key=key,
-                event_id=event_id,
-                headers=headers,
-                delay=delay,
-                at=at,
-            )
-        )
-        return result
-
-    def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
-        result: list[Published] = self._portal.call(self._app.publish_many, stream, records)
-        return result
-
-
-class _DurablePublisher:
-    """The end of an ad-hoc publish chain: the producer with one call's durability."""
-
-    __slots__ = ("_min_replicas", "_producer", "_replica_timeout")
-
-    def __init__(
-        self, producer: Producer, min_replicas: int | None, replica_timeout: float | None
-    ) -> None:
-        self._producer = producer
-        self._min_replicas = min_replicas
-        self._replica_timeout = replica_timeout
-
-    async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
-        return await self._producer.publish_many(
-            stream,
-            records,
-            min_replicas=self._min_replicas,
-            replica_timeout=self._replica_timeout,
-        )

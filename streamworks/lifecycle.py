@@ -28,7 +28,8 @@ import anyio.to_thread
 from streamworks.exceptions import StartupError
 
 if TYPE_CHECKING:
-    from streamworks.app import App, Hook
+    from streamworks.app import App
+    from streamworks.app_checks import Hook
 
 __all__ = ("open_lifespan", "unwrap_startup_error")
 

@@ -30,8 +30,8 @@ from streamworks.redis.keyspace import Keyspace
 from streamworks.redis.scripts import Scripts
 from streamworks.runtime import history
 from streamworks.runtime.acks import Acker
-from streamworks.runtime.delay_mover import DelayMetrics, read_and_move
 from streamworks.runtime.batching import handler_runtime
+from streamworks.runtime.delay_mover import DelayMetrics, read_and_move
 from streamworks.runtime.execution import HandlerRuntime
 from streamworks.runtime.idempotency import IdempotencyStore, RedisIdempotencyStore
 from streamworks.runtime.lease import Lease

@@ -160,11 +160,13 @@ class HandlerRuntime:
             "member": self.worker.member_id,
         }
 
-    def _dropped(self, message: Message) -> None:
+    def _dropped(self, message: Message, lapsed: bool = False) -> None:
         reader = message._reader
         if reader is not None:
             reader.recovering = True  # it stays pending: the next takeover round has it
             reader.settle(message)
+            if lapsed:  # at its run: what is queued behind it must wait for it (key order)
+                reader.drop_queued()
 
     # -- the straight line ---------------------------------------------------------------
     def _process_simple(self, message: Message) -> Processing:
@@ -191,7 +193,7 @@ class HandlerRuntime:
         if not reader.accepting or now + clock.offset >= lease.deadlines.start_until:
             # Revoked, or the lease ran out while it was queued (e.g. the process was
             # paused): never start it; it stays pending for the shard's owner.
-            self._dropped(message)
+            self._dropped(message, lapsed=True)
             return None
         decode = self._decode
         value: Any = message.payload  # payload: bytes (or no value: then unused)
@@ -262,7 +264,7 @@ class HandlerRuntime:
         reader = message._reader
         assert reader is not None
         if not reader.accepting or not self._lease.valid():
-            self._dropped(message)  # revoked/lease lost while queued: leave it pending
+            self._dropped(message, lapsed=True)  # revoked/lease lost while queued
             return None
         if message._dead_letter is not None:  # its final failure is recorded: finish it
             return await self._settle_dead_letter(message, await self._letters.resume(message))
@@ -589,10 +591,9 @@ class HandlerRuntime:
 _CLAIMED = object()
 #: :meth:`HandlerRuntime._before_run`: nothing settled the message, run it.
 _RUN = object()
-# The worker's clock is this plus its offset (clock.py), read inline on the hot path.
-# It must be boottime, which the lease's deadlines are on: time.monotonic() stops while
-# the host is suspended, and a lease check on it would start runs after the lease ran
-# out on a host that was ever suspended.
+# The worker's clock is this plus its offset (clock.py), read inline on the hot path:
+# boottime, as the lease's deadlines are (time.monotonic() stops while the host is
+# suspended: a lease check on it would start runs after the lease ran out).
 _monotonic = boottime
 # Durations for the metrics are real elapsed time, not the worker's (movable) clock:
 # boottime too, so one reading per side of a run times it and checks its lease.

@@ -331,9 +331,15 @@ class ShardReader:
         if not entries:
             return
         self._batch_sizes.observe(len(entries))
-        if not self.worker.lease.valid() or not self.accepting:
+        if (
+            not self.worker.lease.valid()
+            or not self.accepting
+            or (records is None and self.recovering)
+        ):
             # Arrived after the lease expired (or we were told to stop): not processed;
-            # the entries stay pending and the next takeover round claims them.
+            # the entries stay pending and the next takeover round claims them. So are
+            # new entries read while a takeover round is due (drop_queued, ack_failed):
+            # delivered now, they would run before the older entries it hands back.
             self.recovering = True
             return
         stream = self.shard.stream
@@ -382,6 +388,19 @@ class ShardReader:
             self._turn.set()
         if self.outstanding == 0:
             self._idle.set()
+
+    def drop_queued(self) -> None:
+        """A message reached its run after the lease ran out (or its shard was revoked):
+        every other queued message of this shard is dropped too, and stays pending.
+
+        A lease renewed a moment later (the same grant) would otherwise start the
+        messages queued behind the dropped one while it waits for the takeover round,
+        which hands it back *behind* them: its key's order broken within one grant (the
+        chaos checker found it). The takeover round hands them all back in entry order.
+        """
+        self.recovering = True
+        if self.accepting:  # a stopped reader's queue is already discarded (_stop)
+            self.runtime.dispatcher.discard(lambda m: m._reader is not self)
 
     def ack_failed(self) -> None:
         """An ack flush failed: the entries stay pending, so claim them again."""

@@ -54,6 +54,11 @@ def _online_replica(port: int) -> bool:
     )
 
 
+def _offset(port: int, field: str) -> int:
+    with sync_redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2) as client:
+        return int(client.info("replication").get(field, 0))
+
+
 def _command(port: int, *args: str) -> object:
     with sync_redis.Redis(port=port, socket_timeout=5, socket_connect_timeout=2) as client:
         return client.execute_command(*args)
@@ -78,7 +83,8 @@ class RedisPair:
         self.fronts: list[str] = []  # proxies that must reach the primary
         self.links = 0
         self.failovers = 0
-        self.lost_lag_bytes = 0
+        self.lost_bytes = 0  # replication stream the promoted replicas never had
+        self.lossy_failovers = 0  # failovers whose promoted replica missed writes
 
     # -- setup ------------------------------------------------------------------------
     def start(self) -> None:
@@ -126,7 +132,14 @@ class RedisPair:
         await self.hub.delay(self.link, 600_000)  # every byte held: a lagging replica
         await anyio.sleep(lag)
         old, new = self.primary, self.replica
+        # What the replica misses: the primary's replication offset beyond the
+        # replica's (the lag's writes, and the primary's pings to its replica).
+        ahead = await anyio.to_thread.run_sync(_offset, old.port, "master_repl_offset")
         await anyio.to_thread.run_sync(old.kill)
+        had = await anyio.to_thread.run_sync(_offset, new.port, "slave_repl_offset")
+        lost = max(0, ahead - had)
+        self.lost_bytes += lost
+        self.lossy_failovers += lost > 0
         killed = time.monotonic()
         held = await self.hub.cut(self.link, 3600)  # the lag's writes die with the link
         await anyio.to_thread.run_sync(_command, new.port, "REPLICAOF", "NO", "ONE")
@@ -136,13 +149,13 @@ class RedisPair:
         self.failovers += 1
         self.say(
             f"failover: :{old.port} killed after {lag:.2f}s of held replication "
-            f"({held} link connection(s) dropped), :{new.port} promoted in "
-            f"{promoted - killed:.2f}s; every proxy repointed"
+            f"({lost} bytes of it lost, {held} link connection(s) dropped), "
+            f":{new.port} promoted in {promoted - killed:.2f}s; every proxy repointed"
         )
         await anyio.sleep(down)
         await anyio.to_thread.run_sync(old.start, 60.0)
         await self.attach_replica()
-        return {"began": began, "killed": killed, "promoted": promoted}
+        return {"began": began, "killed": killed, "promoted": promoted, "lost_bytes": lost}
 
     async def restart_primary(self, down: float) -> None:
         """SIGKILL the primary and start it again on its port and AOF (a crash and a

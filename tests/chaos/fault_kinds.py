@@ -49,6 +49,30 @@ class NewFaults:
         def _window(self, fault: Fault, start: float, pids: tuple[int, ...] = ()) -> None: ...
         async def _acl_log(self) -> list[dict[str, str]]: ...
 
+    def fault_rows(self) -> list[tuple[str, str]]:
+        """The report's lines on these faults: what they really did."""
+        http = [p.stats for p in self.hub.http.values()]
+        rows = [
+            (
+                "coordinator pauses that caught a request inside the replica",
+                str(self.paused_in_flight),
+            ),
+            (
+                "HTTP requests to the replicas: held / duplicated / reordered",
+                f"{sum(s.held for s in http)} / {sum(s.duplicated for s in http)} / "
+                f"{sum(s.reordered for s in http)}",
+            ),
+            (
+                "  whose sender gave up before the answer (delivered all the same)",
+                str(sum(s.client_left for s in http)),
+            ),
+        ]
+        pair = self.pair
+        if pair is not None:
+            lost = f"{pair.lossy_failovers} of {pair.failovers} / {pair.lost_bytes}"
+            rows.append(("Redis failovers: that lost writes / replication bytes lost", lost))
+        return rows
+
     async def _f_coordinator_pause(self, fault: Fault) -> None:
         replica = next(r for r in self.replicas if r.name == fault.target)
         proxy = self.hub.http[http_proxy_name(replica.name)]

@@ -147,6 +147,7 @@ class ChaosResult:
     long_runs: int = 0
     unsubscribes: int = 0
     server: str = "Redis"
+    fault_rows: list[tuple[str, str]] = field(default_factory=list)  # fault_kinds.py
 
     @property
     def ok(self) -> bool:
@@ -159,6 +160,9 @@ class ChaosResult:
     def failures(self) -> list[str]:
         return [*self.report.failures(), *self.final_state]
 
+    def _pair_text(self) -> str:
+        return ", a primary+replica pair" if self.config.replica else ""
+
     def table(self) -> str:
         """The figures, as a Markdown table."""
         r = self.report
@@ -167,7 +171,8 @@ class ChaosResult:
             ("fault phase", f"{self.config.duration:g} s (whole run {self.elapsed:.0f} s)"),
             (
                 "processes",
-                f"{self.server} (AOF always), 2 coordinators, {self.config.workers} workers "
+                f"{self.server} (AOF always{self._pair_text()}), 2 coordinators, "
+                f"{self.config.workers} workers "
                 f"(2 of them sync) + 2 of a late group, {self.config.producers} producers",
             ),
             ("messages published (acked publishes)", str(self.published)),
@@ -181,6 +186,7 @@ class ChaosResult:
             ("faults injected", str(sum(self.faults.values()))),
         ]
         rows += [(f"  {kind}", str(self.faults.get(kind, 0))) for kind in self.config_kinds()]
+        rows += self.fault_rows
         rows += [
             (
                 "worker fail-stops (exit 75: a sync run outlived its lease), restarted",
@@ -290,6 +296,7 @@ class ChaosResult:
             "unacked": self.unacked,
             "faults": dict(self.faults),
             "faults_failed": self.faults_failed,
+            "fault_rows": dict(self.fault_rows),
             "runs": r.runs,
             "handled": r.handled_ids,
             "lost": r.lost[:100],
@@ -778,6 +785,7 @@ class ChaosRun(NewFaults, Servers):
             long_runs=self.long_runs,
             unsubscribes=self.unsubscribes,
             server=self.server,
+            fault_rows=self.fault_rows(),
         )
         (workdir / "report.json").write_text(json.dumps(result.as_json(), indent=2))
         (workdir / "report.md").write_text(result.table() + "\n")

@@ -46,7 +46,7 @@ class HttpProxyStats:
     held: int = 0
     duplicated: int = 0
     reordered: int = 0
-    delivered_after_client_left: int = 0
+    client_left: int = 0  # requests whose sender gave up before the answer
     upstream_failed: int = 0
     order: list[int] = field(default_factory=list)  # arrival numbers, in delivery order
 
@@ -110,7 +110,11 @@ class HttpProxy:
             delivery = asyncio.ensure_future(self._deliver(request, number))
             self._tasks.add(delivery)
             delivery.add_done_callback(self._tasks.discard)
-            answer = await asyncio.shield(delivery)
+            try:
+                answer = await _answer_unless_gone(delivery, reader)
+            except ConnectionError:
+                self.stats.client_left += 1  # the delivery goes on: a stale request
+                return
             if answer is None:
                 writer.transport.abort()  # upstream unreachable: the client sees a reset
                 return
@@ -161,6 +165,23 @@ class HttpProxy:
             return None
         finally:
             self.in_flight -= 1
+
+
+async def _answer_unless_gone(
+    delivery: asyncio.Future[bytes | None], reader: asyncio.StreamReader
+) -> bytes | None:
+    """The delivery's answer; ConnectionError as soon as the client closes its end
+    first (its timeout passed: it went on). The delivery itself is not cancelled."""
+    gone = asyncio.ensure_future(reader.read(1))
+    try:
+        done, _ = await asyncio.wait({delivery, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if delivery in done:
+            return delivery.result()
+        if gone.exception() is not None or gone.result() == b"":
+            raise ConnectionError("the client left before the answer")
+        return await delivery  # (bytes after a whole request: not from our clients)
+    finally:
+        gone.cancel()
 
 
 async def _read_request(reader: asyncio.StreamReader) -> bytes | None:

@@ -129,6 +129,11 @@ class Run:
         )
 
 
+#: The fence of a run that could not read it (``--replica``: the fence is read from
+#: Redis before the record is written to the log's own server); the run raised at once.
+UNREAD_FENCE = "?"
+
+
 def parse_log(lines: Iterable[bytes | str], local_ends: Iterable[bytes | str] = ()) -> list[Run]:
     """Runs from the chaos app's log lines (``json|seq|fence``), in start order.
     Lines whose start record is missing (never the case unless the log was cut) are
@@ -278,6 +283,7 @@ class CheckReport:
     excused_in_flight: int = 0  # entered before a SIGSTOP, fence read after it moved
     excused_first_after_resume: int = 0
     fence_regressions: list[str] = field(default_factory=list)
+    unread_fences: int = 0  # runs whose fence read failed (--replica): they raised at once
     token_decreases: list[str] = field(default_factory=list)  # ctx.fencing_token went down
     tokens_checked: int = 0
     order_violations: list[str] = field(default_factory=list)
@@ -493,6 +499,9 @@ def _check_ownership(
     excused: set[int] = set()
     for r in runs:
         if r.fence_member == r.member and r.fence_member:
+            continue
+        if r.fence == UNREAD_FENCE:
+            report.unread_fences += 1  # raised at once, having done nothing
             continue
         in_flight = any(
             w.start - IN_FLIGHT_BEFORE_PAUSE <= r.entered < w.start for w in pauses.get(r.pid, ())

@@ -164,6 +164,16 @@ def test_a_token_read_by_a_run_the_sigstop_exception_excuses_is_not_a_decrease()
     assert report.token_decreases == []
 
 
+def test_a_run_that_could_not_read_its_fence_is_no_overlap_but_is_the_first_run() -> None:
+    h = History()
+    h.run(A, "1-0", "e1", fence="?", key="k")  # raised at once: its fence read failed
+    h.run(A, "2-0", "e2", fence=f"3:{A}", key="k")
+    h.run(A, "1-0", "e1", fence=f"3:{A}", key="k", attempt=2)  # the retry: not a first run
+    report = check(h.runs(), acked("e1", "e2"), [], [])
+    assert report.ok, report.failures()
+    assert report.unread_fences == 1 and report.overlap_violations == []
+
+
 def test_key_order_within_an_ownership_period() -> None:
     h = History()
     fence = f"3:{A}"

@@ -209,10 +209,18 @@ async def _record_async(event: Event, ctx: Context) -> None:
         # the process frozen past its read timeout) still gets its end record.
         start = orjson.dumps({**head, "ev": "start", "t": entered}).decode()
         if LOG_REDIS_URL:
-            fence = await redis.get(fence_key)  # read first, then recorded elsewhere
-            await _log_async().eval(
-                _START_AT, 2, seq_key(prefix), log_key(prefix), start, fence or b""
-            )
+            # The fence read first, then the record elsewhere. A read that fails is
+            # recorded all the same (fence "?", the run raises at once, having done
+            # nothing): every handler entry is in the log, so no later attempt of the
+            # entry looks like its first run.
+            failed: BaseException | None = None
+            try:
+                fence = await redis.get(fence_key) or b""
+            except (RedisError, OSError) as e:
+                fence, failed = b"?", e
+            await _log_async().eval(_START_AT, 2, seq_key(prefix), log_key(prefix), start, fence)
+            if failed is not None:
+                raise failed
         else:
             await redis.eval(_START, 3, seq_key(prefix), fence_key, log_key(prefix), start)
         if event.work:
@@ -296,8 +304,14 @@ def _record_sync(event: Event, ctx: Context) -> None:
     try:
         start = orjson.dumps({**head, "ev": "start", "t": entered}).decode()
         if LOG_REDIS_URL:
-            fence = client.get(fence_key)
-            _log_sync().eval(_START_AT, 2, seq_key(prefix), log_key(prefix), start, fence or "")
+            failed: BaseException | None = None
+            try:
+                fence = client.get(fence_key) or b""
+            except (RedisError, OSError) as e:  # recorded all the same (see the async run)
+                fence, failed = b"?", e
+            _log_sync().eval(_START_AT, 2, seq_key(prefix), log_key(prefix), start, fence)
+            if failed is not None:
+                raise failed
         else:
             client.eval(_START, 3, seq_key(prefix), fence_key, log_key(prefix), start)
         if event.work:

@@ -500,9 +500,6 @@ def _check_ownership(
     for r in runs:
         if r.fence_member == r.member and r.fence_member:
             continue
-        if r.fence == UNREAD_FENCE:
-            report.unread_fences += 1  # raised at once, having done nothing
-            continue
         in_flight = any(
             w.start - IN_FLIGHT_BEFORE_PAUSE <= r.entered < w.start for w in pauses.get(r.pid, ())
         )
@@ -512,6 +509,9 @@ def _check_ownership(
         elif r.seq in first_after:
             report.excused_first_after_resume += 1
             excused.add(r.seq)
+        elif r.fence == UNREAD_FENCE:
+            # Raised at once, having done nothing; its token is still checked.
+            report.unread_fences += 1
         else:
             report.overlap_violations.append(str(r))
 

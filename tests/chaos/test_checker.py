@@ -174,6 +174,19 @@ def test_a_run_that_could_not_read_its_fence_is_no_overlap_but_is_the_first_run(
     assert report.unread_fences == 1 and report.overlap_violations == []
 
 
+def test_an_unread_fence_in_flight_at_a_sigstop_is_excused_like_any_other() -> None:
+    """A stale member frozen just after entering: its fence read fails after the
+    resume; its lower token is the documented SIGSTOP case, not a decrease."""
+    h = History()
+    pause = FaultWindow("worker-pause", "w0", start=10.0, end=14.0, pids=(1,))
+    h.run(B, "1-0", "e1", fence=f"8:{B}", token=8000, t=9.0)
+    h.run(A, "2-0", "e2", fence="?", token=7000, t=9.99)  # entered, then frozen
+    h.run(A, "3-0", "e3", fence="?", token=7000, t=20.0)  # not excused: a decrease
+    report = check(h.runs(), acked("e1", "e2", "e3"), [], [pause])
+    assert report.excused_in_flight == 1 and report.unread_fences == 1
+    assert [v.split()[0] for v in report.token_decreases] == ["e3"]
+
+
 def test_key_order_within_an_ownership_period() -> None:
     h = History()
     fence = f"3:{A}"

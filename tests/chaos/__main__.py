@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-timeout", type=float, default=240)
     parser.add_argument("--workdir", type=Path, default=None, help="logs and report (temp dir)")
     parser.add_argument("--acl", action="store_true", help="processes as role ACL users")
+    parser.add_argument(
+        "--replica", action="store_true", help="a primary+replica pair, failovers after lag"
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     low, high = (float(x) for x in args.gap.split(","))
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         settle_timeout=args.settle_timeout,
         workdir=args.workdir,
         acl=args.acl,
+        replica=args.replica,
     )
     result = anyio.run(run_chaos, config, backend="asyncio")
     return 0 if result.ok else 1

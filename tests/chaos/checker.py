@@ -85,6 +85,7 @@ class Run:
     late: bool = False  # its end record was written by a later run (Redis was cut)
     local_end: bool = False  # its end is known only from its worker's local file
     group: str = "chaos"
+    token: int = -1  # ctx.fencing_token of the run (-1: an older log without it)
 
     @property
     def fence_member(self) -> str:
@@ -128,6 +129,11 @@ class Run:
         )
 
 
+#: The fence of a run that could not read it (``--replica``: the fence is read from
+#: Redis before the record is written to the log's own server); the run raised at once.
+UNREAD_FENCE = "?"
+
+
 def parse_log(lines: Iterable[bytes | str], local_ends: Iterable[bytes | str] = ()) -> list[Run]:
     """Runs from the chaos app's log lines (``json|seq|fence``), in start order.
     Lines whose start record is missing (never the case unless the log was cut) are
@@ -158,6 +164,7 @@ def parse_log(lines: Iterable[bytes | str], local_ends: Iterable[bytes | str] = 
                 fence,
                 float(record["t"]),
                 group=record.get("g", "chaos"),
+                token=int(record.get("f", -1)),
             )
             if "r" in record:
                 by_id[record["r"]] = seq
@@ -276,6 +283,9 @@ class CheckReport:
     excused_in_flight: int = 0  # entered before a SIGSTOP, fence read after it moved
     excused_first_after_resume: int = 0
     fence_regressions: list[str] = field(default_factory=list)
+    unread_fences: int = 0  # runs whose fence read failed (--replica): they raised at once
+    token_decreases: list[str] = field(default_factory=list)  # ctx.fencing_token went down
+    tokens_checked: int = 0
     order_violations: list[str] = field(default_factory=list)
     overlap_in_key: list[str] = field(default_factory=list)
     periods: int = 0
@@ -299,6 +309,7 @@ class CheckReport:
             or self.run_overlaps
             or any(self.group_lost.values())
             or self.fence_regressions
+            or self.token_decreases
             or self.order_violations
             or self.overlap_in_key
         )
@@ -312,6 +323,7 @@ class CheckReport:
             ("overlapping runs of two members", self.run_overlaps),
             *((f"lost by group {g}", lost) for g, lost in self.group_lost.items()),
             ("fence regressions", self.fence_regressions),
+            ("fencing token decreases", self.token_decreases),
             ("per-key order", self.order_violations),
             ("overlapping runs of one key", self.overlap_in_key),
         ):
@@ -497,6 +509,9 @@ def _check_ownership(
         elif r.seq in first_after:
             report.excused_first_after_resume += 1
             excused.add(r.seq)
+        elif r.fence == UNREAD_FENCE:
+            # Raised at once, having done nothing; its token is still checked.
+            report.unread_fences += 1
         else:
             report.overlap_violations.append(str(r))
 
@@ -510,7 +525,30 @@ def _check_ownership(
             report.fence_regressions.append(f"{r} after fence {best[1].fence} (seq {best[1].seq})")
         if best is None or epoch > best[0]:
             top[(r.shard, r.group)] = (epoch, r)
+    _check_tokens(report, runs, excused)
     return excused
+
+
+def _check_tokens(report: CheckReport, runs: Sequence[Run], excused: set[int]) -> None:
+    """``ctx.fencing_token`` never goes down per shard and group: in start order, no
+    run's token is below one an earlier run had. An application that fences its side
+    effects with the token (keeping the highest it saw) would refuse such a run — the
+    legitimate owner's, when the lower token is the newer grant. Runs the ownership
+    check excused (entered by a process just before or after its own SIGSTOP: its
+    token is that of a grant it lost while frozen, and the runtime stops it at once)
+    are not held against the newer owner's."""
+    top: dict[tuple[str, str], Run] = {}
+    for r in runs:  # start order (the log's sequence)
+        if r.token < 0:
+            continue
+        report.tokens_checked += 1
+        best = top.get((r.shard, r.group))
+        if best is not None and r.token < best.token and r.seq not in excused:
+            report.token_decreases.append(
+                f"{r} token {r.token} after {best.token} (seq {best.seq})"
+            )
+        if best is None or r.token > best.token:
+            top[(r.shard, r.group)] = r
 
 
 # -- (c) ------------------------------------------------------------------------------------
@@ -574,6 +612,11 @@ _CAUSES = (
     ("coordinator-kill", "all", 2.0, "coordinator replica killed (rebalance)"),
     ("coordinator-rolling", "all", 2.0, "coordinator rolling restart (rebalance)"),
     ("scale", "all", 5.0, "resharding (rebalance)"),
+    ("redis-failover", "all", 5.0, "Redis failover after replication lag (acks lost)"),
+    ("coordinator-pause", "all", 2.0, "coordinator replica paused mid-request (rebalance)"),
+    ("http-hold", "all", 2.0, "heartbeats held (lease lost/fenced)"),
+    ("http-duplicate", "all", 2.0, "heartbeats duplicated"),
+    ("http-reorder", "all", 2.0, "heartbeats reordered (lease lost/fenced)"),
     ("fail-stop", "pid", 0.0, "worker fail-stopped (exit 75: a sync run outlived its lease)"),
     ("unsubscribe", "all", 2.0, "group stopped, unsubscribed and resubscribed"),
 )

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from redis.exceptions import RedisError
 
 from streamworks import App, Record
 from streamworks.exceptions import CoordinatorError
@@ -50,7 +51,6 @@ from streamworks.redis.keyspace import Keyspace
 from streamworks.runtime.ownership import FAIL_STOP_EXIT_CODE
 from streamworks.settings import Settings
 from streamworks.testing.acl import acl_log, with_credentials
-from streamworks.testing.embedded import EmbeddedRedis
 from tests.chaos.apps import chaosapp
 from tests.chaos.checker import (
     Acked,
@@ -61,8 +61,11 @@ from tests.chaos.checker import (
     check,
     parse_log,
 )
+from tests.chaos.failover import RedisPair
+from tests.chaos.fault_kinds import NewFaults, http_proxy_name
 from tests.chaos.proxy import ProxyHub
-from tests.chaos.schedule import KINDS, Fault, format_schedule, make_schedule
+from tests.chaos.schedule import Fault, format_schedule, kinds, make_schedule
+from tests.chaos.servers import Servers
 from tests.chaos.trace_check import check_directory, record_history
 from tests.e2e.harness import FAST_TIMERS, Cluster, Proc, free_port, wait_ready, wait_until
 
@@ -102,6 +105,7 @@ class ChaosConfig:
     quiet: bool = False
     acl: bool = False  # every process as its role's least-privilege ACL user
     trace: bool = True  # record the protocol history and run the trace check on it
+    replica: bool = False  # Redis is a primary+replica pair (redis-failover faults)
 
     def command(self) -> str:
         args = [
@@ -118,6 +122,8 @@ class ChaosConfig:
             args.append("--cover-all")
         if self.acl:
             args.append("--acl")
+        if self.replica:
+            args.append("--replica")
         return ".venv/bin/python -m tests.chaos " + " ".join(args)
 
 
@@ -144,18 +150,22 @@ class ChaosResult:
     unsubscribes: int = 0
     server: str = "Redis"
     trace: tuple[bool, str] = (True, "not recorded")  # the trace check: passed, output
+    fault_rows: list[tuple[str, str]] = field(default_factory=list)  # fault_kinds.py
 
     @property
     def ok(self) -> bool:
         return self.report.ok and not self.final_state and self.trace[0]
 
     def config_kinds(self) -> list[str]:
-        """Every fault kind the schedule knows."""
-        return list(KINDS)
+        """Every fault kind the run's schedule draws from."""
+        return kinds(self.config.replica)
 
     def failures(self) -> list[str]:
         trace = [] if self.trace[0] else [self.trace[1]]
         return [*self.report.failures(), *self.final_state, *trace]
+
+    def _pair_text(self) -> str:
+        return ", a primary+replica pair" if self.config.replica else ""
 
     def table(self) -> str:
         """The figures, as a Markdown table."""
@@ -165,7 +175,8 @@ class ChaosResult:
             ("fault phase", f"{self.config.duration:g} s (whole run {self.elapsed:.0f} s)"),
             (
                 "processes",
-                f"{self.server} (AOF always), 2 coordinators, {self.config.workers} workers "
+                f"{self.server} (AOF always{self._pair_text()}), 2 coordinators, "
+                f"{self.config.workers} workers "
                 f"(2 of them sync) + 2 of a late group, {self.config.producers} producers",
             ),
             ("messages published (acked publishes)", str(self.published)),
@@ -178,7 +189,8 @@ class ChaosResult:
             ("publishes never acked (given up at the end)", str(self.unacked)),
             ("faults injected", str(sum(self.faults.values()))),
         ]
-        rows += [(f"  {kind}", str(self.faults.get(kind, 0))) for kind in KINDS]
+        rows += [(f"  {kind}", str(self.faults.get(kind, 0))) for kind in self.config_kinds()]
+        rows += self.fault_rows
         rows += [
             (
                 "worker fail-stops (exit 75: a sync run outlived its lease), restarted",
@@ -224,6 +236,10 @@ class ChaosResult:
                 f"{r.excused_in_flight} / {r.excused_first_after_resume}",
             ),
             ("fence regressions", str(len(r.fence_regressions))),
+            (
+                "**fencing token decreases** (ctx.fencing_token, per shard and group)",
+                f"**{len(r.token_decreases)}** of {r.tokens_checked} runs",
+            ),
             (
                 "**per-key order violations**",
                 f"**{len(r.order_violations) + len(r.overlap_in_key)}**",
@@ -286,6 +302,7 @@ class ChaosResult:
             "unacked": self.unacked,
             "faults": dict(self.faults),
             "faults_failed": self.faults_failed,
+            "fault_rows": dict(self.fault_rows),
             "runs": r.runs,
             "handled": r.handled_ids,
             "lost": r.lost[:100],
@@ -305,6 +322,8 @@ class ChaosResult:
             "excused_in_flight": r.excused_in_flight,
             "excused_first_after_resume": r.excused_first_after_resume,
             "fence_regressions": r.fence_regressions[:100],
+            "token_decreases": r.token_decreases[:100],
+            "tokens_checked": r.tokens_checked,
             "order_violations": r.order_violations[:100],
             "overlap_in_key": r.overlap_in_key[:100],
             "duplicate_runs": dict(r.duplicate_runs),
@@ -480,7 +499,7 @@ class LogReader:
 
 
 # -- the run ----------------------------------------------------------------------------------
-class ChaosRun:
+class ChaosRun(NewFaults, Servers):
     """One chaos run (see the module docstring). ``await run()`` returns the result."""
 
     def __init__(self, config: ChaosConfig) -> None:
@@ -492,6 +511,7 @@ class ChaosRun:
             shards=config.shards,
             gap=config.gap,
             cover_all=config.cover_all,
+            replicated=config.replica,
         )
         self.slots = [
             Slot(i, sync=config.sync_workers and i % 2 == 1) for i in range(config.workers)
@@ -530,6 +550,9 @@ class ChaosRun:
         self.t0 = 0.0
         self.shard_count = config.shards
         self._redis_down = False
+        self.pair: RedisPair | None = None
+        self.paused_in_flight = 0  # coordinator pauses that caught a request inside
+        self.windows_failover: list[dict[str, Any]] = []
 
     # -- output --------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -557,6 +580,7 @@ class ChaosRun:
             "CHAOS_GROUP": slot.group,
             "CHAOS_SYNC": "1" if slot.sync else "",
             "CHAOS_ENDS_DIR": str(self.ends_dir),
+            **self._pair_env(),
         }
 
     def start_worker(self, slot: Slot) -> Proc:
@@ -597,7 +621,7 @@ class ChaosRun:
                 "coordinator",
                 env={
                     "STREAMWORKS_COORDINATOR__PORT": str(replica.port),
-                    "STREAMWORKS_REDIS_URL": self.role_url("coordinator", self.redis_server.url),
+                    "STREAMWORKS_REDIS_URL": self.role_url("coordinator", self.coordinator_redis),
                 },
             )
             proc.url = replica.url
@@ -624,17 +648,28 @@ class ChaosRun:
         return with_credentials(url, user, password)
 
     async def _create_users(self) -> None:
+        # ACL SETUSER is not replicated: on every server (the pair's replica too).
         for role in ROLES:
-            user, password = f"chaos-{role}", secrets.token_hex(16)
-            await self.redis.execute_command(*setuser_command(role, user, password, PREFIX))
-            self.users[role] = (user, password)
-        await self.redis.execute_command("ACL", "SAVE")
+            self.users[role] = (f"chaos-{role}", secrets.token_hex(16))
+        for admin in self._admins():
+            for role, (user, password) in self.users.items():
+                await admin.execute_command(*setuser_command(role, user, password, PREFIX))
+            await admin.execute_command("ACL", "SAVE")
+            await admin.aclose()
         self.say(f"ACL users: {', '.join(u for u, _ in self.users.values())}")
 
     async def _acl_log(self) -> list[dict[str, str]]:
         if not self.config.acl:
             return []
-        return await acl_log(self.redis, {u for u, _ in self.users.values()})
+        found: list[dict[str, str]] = []
+        for admin in self._admins():
+            try:
+                found += await acl_log(admin, {u for u, _ in self.users.values()})
+            except (OSError, RedisError):
+                pass  # a server down (restarting): its log was read before the kill
+            finally:
+                await admin.aclose()
+        return found
 
     async def _acl_refusals(self) -> list[str]:
         """What Redis refused the role users during the run (``ACL LOG``, read before each
@@ -680,30 +715,20 @@ class ChaosRun:
         self._late_done = anyio.Event()
         if not self.late_slots:
             self._late_done.set()
-        # ACL users live in an ACL file (ACL SAVE), so a Redis restart keeps them.
-        aclfile = workdir / "users.acl"
-        if config.acl:
-            aclfile.touch()
-        self.redis_server = EmbeddedRedis(
-            appendonly=True, extra={"aclfile": str(aclfile)} if config.acl else None
-        )
-        await anyio.to_thread.run_sync(self.redis_server.start)
         self.hub = ProxyHub()
-        self.cluster = Cluster(self.redis_server.url, PREFIX, workdir)
-        if config.trace:  # every worker and coordinator: a history file of its own
-            record_history(self.cluster.base_env, workdir / "history")
-        settings = Settings(redis_url=self.redis_server.url, key_prefix=PREFIX)
-        from streamworks.redis.client import create_redis
-
-        self.redis = create_redis(settings)
         try:
+            # One server (AOF), or a primary+replica pair behind proxies (--replica).
+            await self._servers(workdir, replica=config.replica, acl=config.acl)
+            self.cluster = Cluster(self.front_url, PREFIX, workdir)
+            if config.trace:  # every worker and coordinator: a history file of its own
+                record_history(self.cluster.base_env, workdir / "history")
             info = await self.redis.info("server")
             self.server = (
                 f"Valkey {info['valkey_version']}"
                 if info.get("valkey_version")
                 else f"Redis {info.get('redis_version', '?')}"
             )
-            self.say(f"server: {self.server} ({self.redis_server.binary})")
+            self.say(f"server: {self.server} ({self.binary}){self._topology()}")
             if config.acl:
                 await self._create_users()
             await self._start()
@@ -772,6 +797,7 @@ class ChaosRun:
             unsubscribes=self.unsubscribes,
             server=self.server,
             **({"trace": trace} if config.trace else {}),
+            fault_rows=self.fault_rows(),
         )
         (workdir / "report.json").write_text(json.dumps(result.as_json(), indent=2))
         (workdir / "report.md").write_text(result.table() + "\n")
@@ -779,11 +805,16 @@ class ChaosRun:
 
     async def _start(self) -> None:
         config = self.config
+        # Each replica behind an HTTP proxy (held/duplicated/reordered requests); each
+        # worker reaches those through TCP proxies of its own (cuts and delays).
+        for replica in self.replicas:
+            name = http_proxy_name(replica.name)
+            await self.hub.add_http(name, replica.port, seed=self.config.seed)
         for slot in [*self.slots, *self.late_slots]:
-            await self.hub.add(slot.redis_proxy, self.redis_server.port)
+            await self._redis_front(slot.redis_proxy)
             for proxy, replica in zip(slot.coordinator_proxies, self.replicas, strict=True):
-                await self.hub.add(proxy, replica.port)
-        await self.hub.add("producers.redis", self.redis_server.port)
+                await self.hub.add(proxy, self.hub.http[http_proxy_name(replica.name)].port)
+        await self._redis_front("producers.redis")
         for replica in self.replicas:
             await self.start_replica(replica)
         async with self.client() as client:
@@ -803,7 +834,10 @@ class ChaosRun:
                 routing_lease=float(FAST_TIMERS["STREAMWORKS_ROUTING_LEASE"]),
             )
             app = App(f"chaos-producer-{i}", settings=settings)
-            app.stream(STREAM, shards=config.shards, dedup_window=3600)
+            # --replica: durable publishes (acknowledged once the replica has them).
+            app.stream(
+                STREAM, shards=config.shards, dedup_window=3600, min_replicas=self._min_replicas()
+            )
             self._connections.append(app.connect())
             await self._connections[-1].__aenter__()
             self.producers.append(Producer(i, app, config, self))
@@ -1012,7 +1046,7 @@ class ChaosRun:
         due = {
             a.id for p in self.producers for a in p.acked if since <= a.t < until and not a.poison
         }
-        reader = LogReader(self.redis)
+        reader = LogReader(self.log_redis)
         handled: set[str] = set()
         scanned = 0
 
@@ -1041,7 +1075,7 @@ class ChaosRun:
         is refused while the group still has live members: their leave is recorded)."""
         env = {
             "STREAMWORKS_COORDINATOR_URLS": ",".join(r.url for r in self.replicas),
-            "STREAMWORKS_REDIS_URL": self.redis_server.url,
+            "STREAMWORKS_REDIS_URL": self.front_url,
         }
         last = ""
 
@@ -1094,10 +1128,8 @@ class ChaosRun:
             self._redis_down = True
             try:
                 self.acl_refused += await self._acl_log()  # kept in memory only: read it now
-                await anyio.to_thread.run_sync(self.redis_server.kill)
                 self.say(f"{fault.kind}: Redis killed, down for {fault.params['down']}s")
-                await anyio.sleep(fault.params["down"])
-                await anyio.to_thread.run_sync(self.redis_server.start, 60.0)
+                await self._restart_primary(fault.params["down"])
             finally:
                 self._redis_down = False
             self.say(f"{fault.kind}: Redis back after {time.monotonic() - start:.1f}s")
@@ -1162,6 +1194,10 @@ class ChaosRun:
                 try:
                     await client.scale_stream(STREAM, shards)
                 except CoordinatorError as e:
+                    # An earlier try whose answer was lost (a cut, NOT_REPLICATED and
+                    # finished by the coordinator's loop) did it: the retry is refused.
+                    if not e.retryable and (await client.stream(STREAM)).shard_count == shards:
+                        return True
                     if not e.retryable:
                         raise
                     return False
@@ -1192,7 +1228,7 @@ class ChaosRun:
                                 self.anomaly(f"{replica.name} did not come back: {e}")
 
     async def _progress(self) -> None:
-        reader = LogReader(self.redis)
+        reader = LogReader(self.log_redis)
         while True:
             await anyio.sleep(self.config.progress_every)
             if self._redis_down:
@@ -1237,7 +1273,7 @@ class ChaosRun:
             due.setdefault(sub.group, set()).update(
                 a.id for a in every if sub.since <= a.t < sub.until
             )
-        reader = LogReader(self.redis)
+        reader = LogReader(self.log_redis)
         handled_by: dict[str, set[str]] = {g: set() for g in due}
         handled = handled_by[GROUP]
         scanned = 0
@@ -1316,7 +1352,7 @@ class ChaosRun:
         return out
 
     async def _check(self) -> CheckReport:
-        reader = LogReader(self.redis)
+        reader = LogReader(self.log_redis)
         await reader.poll()
         local_ends = [
             line
@@ -1376,16 +1412,9 @@ class ChaosRun:
         self._connections.clear()
         if hasattr(self, "cluster"):
             self.cluster.kill_all()
-        if hasattr(self, "redis"):
-            try:
-                with anyio.move_on_after(5, shield=True):
-                    await self.redis.aclose()
-            except Exception:
-                pass
+        await self._stop_servers()
         if hasattr(self, "hub"):
             self.hub.close()
-        if hasattr(self, "redis_server"):
-            self.redis_server.stop()
 
 
 def _write_gz(path: Path, lines: list[bytes]) -> None:

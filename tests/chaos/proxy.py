@@ -28,6 +28,8 @@ from typing import Any, TypeVar
 
 import anyio
 
+from tests.chaos.http_proxy import HttpProxy
+
 __all__ = ("ProxyHub", "TcpProxy")
 
 T = TypeVar("T")
@@ -103,6 +105,16 @@ class TcpProxy:
     def delay(self, ms: float) -> None:
         """Add ``ms`` milliseconds of latency to every byte from now on (0 ends it)."""
         self.delay_s = max(0.0, ms / 1000)
+
+    def retarget(self, upstream_port: int) -> int:
+        """Forward new connections to ``upstream_port`` from now on and reset the live
+        ones (a failover: clients reconnect and reach the new server); how many."""
+        self.upstream_port = upstream_port
+        links = list(self._links)
+        for link in links:
+            link.abort()
+        self._links.clear()
+        return len(links)
 
     def heal(self) -> None:
         """End a cut early and remove any delay."""
@@ -198,6 +210,7 @@ class ProxyHub:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="chaos-proxies", daemon=True)
         self.proxies: dict[str, TcpProxy] = {}
+        self.http: dict[str, HttpProxy] = {}  # request-level proxies (http_proxy.py)
         self._thread.start()
 
     def _run(self) -> None:
@@ -215,6 +228,18 @@ class ProxyHub:
         self.proxies[name] = proxy
         return proxy
 
+    async def add_http(self, name: str, upstream_port: int, seed: int = 0) -> HttpProxy:
+        proxy = HttpProxy(name, upstream_port, seed)
+        await self._call(proxy.start())
+        self.http[name] = proxy
+        return proxy
+
+    async def http_fault(self, name: str, kind: str, seconds: float, duration: float) -> None:
+        async def go() -> None:
+            self.http[name].fault(kind, seconds, duration)
+
+        await self._call(go())
+
     async def cut(self, name: str, seconds: float) -> int:
         async def go() -> int:
             return self.proxies[name].cut(seconds)
@@ -227,10 +252,19 @@ class ProxyHub:
 
         await self._call(go())
 
+    async def retarget(self, names: list[str], upstream_port: int) -> int:
+        async def go() -> int:
+            return sum(self.proxies[name].retarget(upstream_port) for name in names)
+
+        return await self._call(go())
+
     async def heal(self, name: str | None = None) -> None:
         async def go() -> None:
             for proxy in [self.proxies[name]] if name else self.proxies.values():
                 proxy.heal()
+            if not name:
+                for http in self.http.values():
+                    http.heal()
 
         await self._call(go())
 
@@ -238,6 +272,8 @@ class ProxyHub:
         async def go() -> None:
             for proxy in self.proxies.values():
                 await proxy.close()
+            for http in self.http.values():
+                await http.close()
 
         if self._loop.is_running():
             with contextlib.suppress(Exception):

@@ -23,6 +23,17 @@ Kinds:
 ``delay-redis``             add ``ms`` of latency on a worker's Redis path for ``seconds``
 ``delay-coordinator``       add ``ms`` of latency on a worker's coordinator path
 ``scale``                   change the stream's shard count to ``shards`` (out or in)
+``coordinator-pause``       SIGSTOP one coordinator replica once requests are in flight
+                            inside it, SIGCONT ``seconds`` later
+``http-hold``               for ``for`` s, hold every request to one replica ``seconds``
+                            (delivered even after its sender gave up: a stale request)
+``http-duplicate``          for ``for`` s, deliver every request to one replica twice (the
+                            copy up to ``seconds`` later)
+``http-reorder``            for ``for`` s, delay every request to one replica by a random
+                            time up to ``seconds`` (later requests overtake earlier ones)
+``redis-failover``          (``--replica`` only) hold the replication link ``lag`` s, SIGKILL
+                            the primary, promote the stale replica, repoint every proxy;
+                            the old primary rejoins as a replica ``down`` s later
 ==========================  ===============================================================
 
 Constraints that keep the run meaningful: one fault at a time per worker slot; at most
@@ -40,7 +51,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ("KINDS", "Fault", "format_schedule", "make_schedule")
+__all__ = ("KINDS", "Fault", "format_schedule", "kinds", "make_schedule")
 
 #: Kind -> relative weight in a long run.
 KINDS: dict[str, float] = {
@@ -55,7 +66,19 @@ KINDS: dict[str, float] = {
     "delay-redis": 1.5,
     "delay-coordinator": 1.5,
     "scale": 1.2,
+    "coordinator-pause": 1.2,
+    "http-hold": 1.5,
+    "http-duplicate": 1.5,
+    "http-reorder": 1.5,
+    "redis-failover": 2.0,
 }
+#: Kinds that need the primary+replica pair (``replicated``).
+PAIR_KINDS = ("redis-failover",)
+
+
+def kinds(replicated: bool) -> list[str]:
+    """The kinds a run draws from."""
+    return [k for k in KINDS if replicated or k not in PAIR_KINDS]
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,7 @@ def make_schedule(
     max_shards: int = 8,
     gap: tuple[float, float] = (3.0, 8.0),
     cover_all: bool = False,
+    replicated: bool = False,
 ) -> list[Fault]:
     """The faults of one run (see the module docstring).
 
@@ -98,7 +122,9 @@ def make_schedule(
         gap: range of the pause between the starts of consecutive faults (s).
         cover_all: begin with one fault of every kind (shuffled), as far as the
             duration allows — for short runs that must exercise each kind.
+        replicated: Redis is a primary+replica pair (``redis-failover`` faults).
     """
+    names = kinds(replicated)
     rng = random.Random(seed)
     faults: list[Fault] = []
     busy: dict[str, float] = {}  # resource -> busy until (schedule time)
@@ -106,7 +132,7 @@ def make_schedule(
     last_scale = -1e9
     last_redis = -1e9
     # cover_all: every kind once, plus both sides of the lease for pauses and cuts.
-    forced = [*KINDS, "worker-pause:long", "cut-coordinator:long"] if cover_all else []
+    forced = [*names, "worker-pause:long", "cut-coordinator:long"] if cover_all else []
     rng.shuffle(forced)
     t = rng.uniform(*gap) / 2
     while t < duration - 5:
@@ -128,14 +154,19 @@ def make_schedule(
             "delay-redis": worker_ok,
             "delay-coordinator": worker_ok,
             "scale": t - last_scale >= 20,
+            "coordinator-pause": coordinators_free,
+            "redis-failover": busy.get("redis", 0) <= t and t - last_redis >= 30,
         }
+        http_free = [r for r in ("coordinator-a", "coordinator-b") if busy.get(r, 0) <= t]
+        for kind in ("http-hold", "http-duplicate", "http-reorder"):
+            allowed[kind] = bool(http_free)
         variant = ""
         pick = next((k for k in forced if allowed[k.partition(":")[0]]), None)
         if pick is not None:
             forced.remove(pick)
             kind, _, variant = pick.partition(":")
         else:
-            choices = [k for k in KINDS if allowed[k]]
+            choices = [k for k in names if allowed[k]]
             if not choices:
                 t += rng.uniform(*gap)
                 continue
@@ -192,6 +223,24 @@ def make_schedule(
             count = rng.choice(options)
             params = {"shards": count}
             last_scale = t
+        elif kind == "coordinator-pause":
+            # Shorter and longer than the coordinator's mutex and the member lease.
+            target = rng.choice(["coordinator-a", "coordinator-b"])
+            params = {"seconds": _round(rng.uniform(0.3, 6.0))}
+            hold = params["seconds"] + 3
+        elif kind.startswith("http-"):
+            target = rng.choice(http_free)
+            spread = {"http-hold": (0.3, 3.0), "http-duplicate": (0.0, 1.0)}
+            low, high = spread.get(kind, (0.2, 2.0))
+            params = {"seconds": _round(rng.uniform(low, high)), "for": _round(rng.uniform(2, 8))}
+            hold = params["for"] + 1
+        elif kind == "redis-failover":
+            target = "redis"
+            # The lag stays below coordinator.replica_max_lag (5 s): the replica is one
+            # the coordinator waits for, the assumption of docs/cluster.md.
+            params = {"lag": _round(rng.uniform(0.3, 3.0)), "down": _round(rng.uniform(0.5, 3.0))}
+            hold = params["lag"] + params["down"] + 15
+            last_redis = t
         faults.append(Fault(_round(t), kind, target, params))
         resource = (
             "coordinators"

@@ -3,17 +3,22 @@
 The same harness and checker as ``make chaos`` (``tests/chaos/harness.py``), on a short
 schedule that starts with one fault of every kind (``cover_all``): worker SIGKILL,
 SIGSTOP/SIGCONT (shorter and longer than the member lease), SIGTERM, coordinator
-SIGKILL and rolling restart, a Redis restart (AOF), network cuts and delays between a
-worker and Redis or the coordinators, a cut between the producers and Redis, and a
-scale of the stream. Handlers take up to 4 s now and then, half the workers run a
+SIGKILL, SIGSTOP with requests inside and rolling restart, a Redis restart (AOF),
+a Redis failover after replication lag (Redis is a primary+replica pair: the
+replication link held, the primary killed, the stale replica promoted, every proxy
+repointed), heartbeats held, duplicated and reordered by the HTTP proxy in front of a
+coordinator replica, network cuts and delays between a worker and Redis or the
+coordinators, a cut between the producers and Redis, and a scale of the stream.
+Handlers take up to 4 s now and then, half the workers run a
 plain ``def`` handler (a sync run past its lease fail-stops its worker: exit 75,
 restarted), and a second group subscribes mid-run, is unsubscribed through
 ``streamworks admin unsubscribe`` and subscribes again. The checker compares run
-*intervals* across members per shard and group; the trace check replays the
-protocol steps every process recorded against the model's invariants
-(``tests/chaos/trace_check.py``) and prints the first offending step, if any.
-``CHAOS_SEED=<n>`` runs another schedule; the seed and the replay command are
-printed either way (pytest shows them when the test fails).
+*intervals* across members per shard and group, and that ``ctx.fencing_token`` never
+goes down per shard and group; the trace check replays the protocol steps every
+process recorded against the model's invariants (``tests/chaos/trace_check.py``) and
+prints the first offending step, if any. ``CHAOS_SEED=<n>`` runs another schedule; the
+seed and the replay command are printed either way (pytest shows them when the test
+fails).
 
 The server is the one ``find_server_binary()`` finds: the embedded Valkey 8.1, or
 ``STREAMWORKS_REDIS_SERVER`` (CI's second run: the machine's Redis 7.0, whose AOF
@@ -31,6 +36,8 @@ import pytest
 from tests.chaos.harness import ChaosConfig, run_chaos
 
 SEED = int(os.environ.get("CHAOS_SEED", "20241130"))
+#: ``CHAOS_REPLICA=0``: one Redis server, without the pair and its failovers.
+REPLICA = os.environ.get("CHAOS_REPLICA", "1") != "0"
 
 
 @pytest.mark.chaos
@@ -50,6 +57,7 @@ async def test_chaos_smoke_every_fault_kind_nothing_lost(
         workdir=tmp_path,
         progress_every=20,
         acl=streamworks_acl,  # --redis-acl: every process as its role's ACL user
+        replica=REPLICA,  # a primary+replica pair: redis-failover faults
     )
     result = await run_chaos(config)
     # The recorded protocol history satisfies the model's invariants (trace_check.py).
@@ -67,3 +75,10 @@ async def test_chaos_smoke_every_fault_kind_nothing_lost(
     # The scenarios beyond the fault kinds ran: long runs and the late group's cycle.
     assert result.long_runs > 0 and result.unsubscribes == 1, result.table()
     assert result.report.group_checked.get("chaos-late", 0) > 0, result.table()
+    # The new faults did what they are for: a failover lost writes the primary had
+    # acknowledged, requests were held past their sender's patience, and the tokens
+    # the handlers saw were checked.
+    rows = dict(result.fault_rows)
+    failovers = rows.get("Redis failovers: that lost writes / replication bytes lost", "")
+    assert not REPLICA or not failovers.startswith("0 of"), result.table()
+    assert result.report.tokens_checked == result.report.runs > 0, result.table()

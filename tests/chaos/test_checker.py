@@ -41,10 +41,13 @@ class History:
         pid: int = 0,
         t: float = 0.0,
         attempt: int = 1,
+        token: int | None = None,
     ) -> int:
         seq = next(self.seq)
         head = {"m": member, "p": pid or (1 if member == A else 2), "s": shard, "e": entry}
         body = {**head, "i": event, "k": key, "a": attempt, "ev": "start", "t": t}
+        if token is not None:
+            body["f"] = token  # ctx.fencing_token
         self.lines.append(orjson.dumps(body) + f"|{seq}|{fence}".encode())
         return seq
 
@@ -132,6 +135,56 @@ def test_fence_epochs_going_backwards_on_a_shard_are_reported() -> None:
     h.run(B, "2-0", "e2", fence=f"6:{B}")
     report = check(h.runs(), acked("e1", "e2"), [], [])
     assert len(report.fence_regressions) == 1
+
+
+def test_a_fencing_token_going_down_on_a_shard_is_reported() -> None:
+    h = History()
+    h.run(A, "1-0", "e1", fence=f"7:{A}", token=7000)
+    h.run(B, "2-0", "e2", fence=f"8:{B}", token=8000)
+    h.run(B, "3-0", "e3", fence=f"8:{B}", token=8000)  # equal: the same grant
+    h.run(A, "1-0", "e4", fence=f"9:{A}", token=6000, shard="s/1@0")  # another shard
+    h.run(A, "4-0", "e5", fence=f"9:{A}", token=7500)  # the owner's token went down
+    published = [*acked("e1", "e2", "e3"), *acked("e4", shard="s/1@0")]
+    published.append(Acked("e5", "k1", "s/0@0", "4-0"))
+    report = check(h.runs(), published, [], [])
+    assert [v.split()[0] for v in report.token_decreases] == ["e5"]
+    assert report.tokens_checked == 5
+    assert report.failures() == [f for f in report.failures() if "fencing token" in f]
+    assert not report.ok
+
+
+def test_a_token_read_by_a_run_the_sigstop_exception_excuses_is_not_a_decrease() -> None:
+    h = History()
+    pause = FaultWindow("worker-pause", "w0", start=10.0, end=14.0, pids=(1,))
+    h.run(B, "1-0", "e1", fence=f"8:{B}", token=8000, t=12.0)
+    # A, frozen meanwhile, enters its first handler after SIGCONT under its old grant.
+    h.run(A, "2-0", "e2", fence=f"8:{B}", token=7000, t=14.01)
+    report = check(h.runs(), acked("e1", "e2"), [], [pause])
+    assert report.excused_first_after_resume == 1
+    assert report.token_decreases == []
+
+
+def test_a_run_that_could_not_read_its_fence_is_no_overlap_but_is_the_first_run() -> None:
+    h = History()
+    h.run(A, "1-0", "e1", fence="?", key="k")  # raised at once: its fence read failed
+    h.run(A, "2-0", "e2", fence=f"3:{A}", key="k")
+    h.run(A, "1-0", "e1", fence=f"3:{A}", key="k", attempt=2)  # the retry: not a first run
+    report = check(h.runs(), acked("e1", "e2"), [], [])
+    assert report.ok, report.failures()
+    assert report.unread_fences == 1 and report.overlap_violations == []
+
+
+def test_an_unread_fence_in_flight_at_a_sigstop_is_excused_like_any_other() -> None:
+    """A stale member frozen just after entering: its fence read fails after the
+    resume; its lower token is the documented SIGSTOP case, not a decrease."""
+    h = History()
+    pause = FaultWindow("worker-pause", "w0", start=10.0, end=14.0, pids=(1,))
+    h.run(B, "1-0", "e1", fence=f"8:{B}", token=8000, t=9.0)
+    h.run(A, "2-0", "e2", fence="?", token=7000, t=9.99)  # entered, then frozen
+    h.run(A, "3-0", "e3", fence="?", token=7000, t=20.0)  # not excused: a decrease
+    report = check(h.runs(), acked("e1", "e2", "e3"), [], [pause])
+    assert report.excused_in_flight == 1 and report.unread_fences == 1
+    assert [v.split()[0] for v in report.token_decreases] == ["e3"]
 
 
 def test_key_order_within_an_ownership_period() -> None:

@@ -65,9 +65,14 @@ CONCURRENCY = int(os.environ.get("CHAOS_CONCURRENCY", "16"))
 ORDERING = cast(Literal["shard", "key", "none"], os.environ.get("CHAOS_ORDERING", "key"))
 ENDS_DIR = os.environ.get("CHAOS_ENDS_DIR", "")
 RETRY = RetryPolicy(max_attempts=MAX_ATTEMPTS, backoff=0.1, max_backoff=1.0)
+# --replica runs: dead letters written durably (a failover must not lose them), and the
+# records kept on a server of their own that no fault touches (LOG_REDIS_URL), so a
+# failover that loses the lag's writes cannot lose the evidence the checker reads.
+MIN_REPLICAS = int(os.environ.get("CHAOS_MIN_REPLICAS", "0"))
+LOG_REDIS_URL = os.environ.get("CHAOS_LOG_REDIS_URL", "")
 
 app = App(GROUP)
-app.stream(STREAM, shards=SHARDS)
+app.stream(STREAM, shards=SHARDS, min_replicas=MIN_REPLICAS)
 
 
 class Event(BaseModel):
@@ -86,6 +91,13 @@ _START = """
 local seq = redis.call('INCR', KEYS[1])
 local fence = redis.call('GET', KEYS[2]) or ''
 redis.call('RPUSH', KEYS[3], ARGV[1] .. '|' .. seq .. '|' .. fence)
+return seq
+"""
+# The same with the fence read before, from another server. KEYS: sequence, log.
+# ARGV: the record, the fence.
+_START_AT = """
+local seq = redis.call('INCR', KEYS[1])
+redis.call('RPUSH', KEYS[2], ARGV[1] .. '|' .. seq .. '|' .. ARGV[2])
 return seq
 """
 # KEYS: sequence, log. ARGV: the records (one or more).
@@ -161,6 +173,7 @@ def _head(event: Event, ctx: Context) -> dict[str, Any]:
         "k": message.key,
         "a": message.attempt,
         "r": f"{os.getpid()}-{next(_runs)}",  # the run's id: its end record names it
+        "f": ctx.fencing_token,  # what an application fences its side effects with
     }
 
 
@@ -194,14 +207,22 @@ async def _record_async(event: Event, ctx: Context) -> None:
     try:
         # Inside the try: a start record written whose reply is lost (Redis restarted,
         # the process frozen past its read timeout) still gets its end record.
-        await redis.eval(
-            _START,
-            3,
-            seq_key(prefix),
-            fence_key,
-            log_key(prefix),
-            orjson.dumps({**head, "ev": "start", "t": entered}).decode(),
-        )
+        start = orjson.dumps({**head, "ev": "start", "t": entered}).decode()
+        if LOG_REDIS_URL:
+            # The fence read first, then the record elsewhere. A read that fails is
+            # recorded all the same (fence "?", the run raises at once, having done
+            # nothing): every handler entry is in the log, so no later attempt of the
+            # entry looks like its first run.
+            failed: BaseException | None = None
+            try:
+                fence = await redis.get(fence_key) or b""
+            except (RedisError, OSError) as e:
+                fence, failed = b"?", e
+            await _log_async().eval(_START_AT, 2, seq_key(prefix), log_key(prefix), start, fence)
+            if failed is not None:
+                raise failed
+        else:
+            await redis.eval(_START, 3, seq_key(prefix), fence_key, log_key(prefix), start)
         if event.work:
             await anyio.sleep(event.work)
         if _should_fail(event, ctx):
@@ -215,7 +236,8 @@ async def _record_async(event: Event, ctx: Context) -> None:
         # Shielded: a run cancelled at its deadline still records when it ended.
         with anyio.CancelScope(shield=True), anyio.move_on_after(5):
             try:
-                await redis.eval(_END, 2, seq_key(prefix), log_key(prefix), *records)
+                log = _log_async() if LOG_REDIS_URL else redis
+                await log.eval(_END, 2, seq_key(prefix), log_key(prefix), *records)
                 records = []
             except (RedisError, OSError):
                 pass
@@ -244,6 +266,26 @@ def _async_recorder(worker_redis: Any) -> Any:
     return _async_client
 
 
+_log_async_client: Any = None
+_log_sync_client: redis_sync.Redis | None = None
+
+
+def _log_async() -> Any:
+    global _log_async_client
+    if _log_async_client is None:
+        _log_async_client = create_redis(Settings(redis_url=LOG_REDIS_URL))
+    return _log_async_client
+
+
+def _log_sync() -> redis_sync.Redis:
+    global _log_sync_client
+    if _log_sync_client is None:
+        _log_sync_client = redis_sync.Redis.from_url(
+            LOG_REDIS_URL, socket_timeout=3, socket_connect_timeout=3
+        )
+    return _log_sync_client
+
+
 def _client() -> redis_sync.Redis:
     global _sync_client
     if _sync_client is None:
@@ -260,14 +302,18 @@ def _record_sync(event: Event, ctx: Context) -> None:
     head = _head(event, ctx)
     error: BaseException | None = None
     try:
-        client.eval(
-            _START,
-            3,
-            seq_key(prefix),
-            fence_key,
-            log_key(prefix),
-            orjson.dumps({**head, "ev": "start", "t": entered}).decode(),
-        )
+        start = orjson.dumps({**head, "ev": "start", "t": entered}).decode()
+        if LOG_REDIS_URL:
+            failed: BaseException | None = None
+            try:
+                fence = client.get(fence_key) or b""
+            except (RedisError, OSError) as e:  # recorded all the same (see the async run)
+                fence, failed = b"?", e
+            _log_sync().eval(_START_AT, 2, seq_key(prefix), log_key(prefix), start, fence)
+            if failed is not None:
+                raise failed
+        else:
+            client.eval(_START, 3, seq_key(prefix), fence_key, log_key(prefix), start)
         if event.work:
             time.sleep(event.work)  # cannot be cancelled: past the lease, a fail-stop
         if _should_fail(event, ctx):
@@ -278,7 +324,8 @@ def _record_sync(event: Event, ctx: Context) -> None:
     finally:
         record, records = _ended(head, error)
         try:
-            client.eval(_END, 2, seq_key(prefix), log_key(prefix), *records)
+            log = _log_sync() if LOG_REDIS_URL else client
+            log.eval(_END, 2, seq_key(prefix), log_key(prefix), *records)
         except (RedisError, OSError):
             _keep_unsent([_late(record), *records[1:]])
 

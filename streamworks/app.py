@@ -13,34 +13,42 @@ import inspect
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from streamworks.app_checks import Hook, check_delay_parameters, check_hook
+from streamworks.app_checks import check_delay_parameters, check_hook
 from streamworks.batch import Batch
 from streamworks.delay import due_from
 from streamworks.exceptions import ConfigurationError, NotConnectedError
-from streamworks.middleware import Middleware, PublishNext, check_middleware, compose_publish
+from streamworks.middleware import (
+    Middleware,
+    PublishNext,
+    check_middleware,
+    compose_publish,
+    handling_hooks,
+)
 from streamworks.protocol.codec import Codec, JsonCodec
 from streamworks.protocol.shards import validate_name
 from streamworks.ratelimit import RateLimit
 from streamworks.redis.keyspace import Keyspace
+from streamworks.runtime.app_view import Hook
 from streamworks.runtime.batch_context import batch_plan
 from streamworks.runtime.handler import HandlerSpec, Ordering, build_plan
 from streamworks.runtime.message import Context, Message
 from streamworks.runtime.producer import Published, Record
 from streamworks.runtime.retry import RetryPolicy
 from streamworks.runtime.schedule_spec import ScheduleSpec, make_schedule_spec
+from streamworks.runtime.stream_spec import StartPosition, StreamSpec
 from streamworks.schedule import CatchUp
 from streamworks.settings import Settings
 from streamworks.sync_publisher import DurablePublisher, SyncPublisher
 
 if TYPE_CHECKING:
+    from streamworks.runtime.chain import HandlingHooks
     from streamworks.runtime.connection import Connection
     from streamworks.runtime.idempotency import IdempotencyStore
 
@@ -51,39 +59,6 @@ T = TypeVar("T")
 H = TypeVar("H", bound=Hook)
 #: ``App(lifespan=...)``: called with the app, returns an async context manager.
 Lifespan = Callable[["App"], AbstractAsyncContextManager[Any]]
-
-#: Where a new consumer group starts on a stream that already has entries.
-StartPosition = Literal["earliest", "latest"]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamSpec:
-    """A stream declared by the app.
-
-    Attributes:
-        name: the stream name.
-        shards: shard count used when the stream is created (never to rescale it).
-        retention: seconds entries are kept at least; after that they are trimmed
-            once every group has acknowledged them. None keeps everything.
-        delete_on_ack: trim entries as soon as every group has acknowledged them.
-        dedup_window: seconds an event id is remembered per shard by idempotent
-            publish; None disables shard-level publish dedup.
-        start: where this group starts if the stream already exists.
-        min_replicas: durable publishing: a publish returns only once this many
-            replicas of the shard's primary have the entry (``WAIT``), else it raises
-            :class:`~streamworks.exceptions.PublishNotDurableError`; 0 returns once the
-            primary has it (see docs/cluster.md for what a failover can lose then).
-        replica_timeout: seconds a publish waits for those replicas.
-    """
-
-    name: str
-    shards: int
-    retention: float | None = None
-    delete_on_ack: bool = False
-    dedup_window: float | None = None
-    start: StartPosition = "earliest"
-    min_replicas: int = 0
-    replica_timeout: float = 1.0
 
 
 class App:
@@ -413,6 +388,16 @@ class App:
                 "a worker, or a TestRuntime"
             )
         return self._connection
+
+    @property
+    def current_connection(self) -> Connection | None:
+        """The open connection, or None outside one (unlike :attr:`connection`)."""
+        return self._connection
+
+    @property
+    def handling_hooks(self) -> HandlingHooks:
+        """The handling hooks of :attr:`middleware` (a worker composes them when it starts)."""
+        return handling_hooks(self.middleware)
 
     async def publish(
         self,

@@ -7,13 +7,10 @@ raises :class:`~streamworks.exceptions.ConfigurationError` with one clear line.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 from streamworks.exceptions import ConfigurationError
-
-#: An ``on_startup``/``on_shutdown`` hook: a function of no arguments, async or not.
-Hook = Callable[[], Any]
+from streamworks.runtime.app_view import Hook
 
 
 def check_delay_parameters(fn: Any) -> None:

@@ -28,8 +28,7 @@ import anyio.to_thread
 from streamworks.exceptions import StartupError
 
 if TYPE_CHECKING:
-    from streamworks.app import App
-    from streamworks.app_checks import Hook
+    from streamworks.runtime.app_view import AppView, Hook
 
 __all__ = ("open_lifespan", "unwrap_startup_error")
 
@@ -60,7 +59,7 @@ async def _run(hook: Hook) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_lifespan(app: App, *, shutdown_timeout: float = 30.0) -> AsyncIterator[None]:
+async def open_lifespan(app: AppView, *, shutdown_timeout: float = 30.0) -> AsyncIterator[None]:
     """Run ``app``'s startup hooks and lifespan, the block, then its shutdown hooks.
 
     Raises:
@@ -98,7 +97,7 @@ async def open_lifespan(app: App, *, shutdown_timeout: float = 30.0) -> AsyncIte
                 )
 
 
-async def _shutdown(app: App) -> None:
+async def _shutdown(app: AppView) -> None:
     for hook in list(app.shutdown_hooks):
         try:
             await _run(hook)

@@ -34,17 +34,19 @@ What each hook sees:
 The chains are composed once — the handling chain when a worker starts, the publish
 chain when the app's connection opens — and a hook a middleware does not override is
 left out of its chain. An app without middleware runs exactly the code it would run
-without this module.
+without this module. The runtime sits below this module (``app → middleware →
+runtime``, a contract in ``.importlinter``): it gets the handling hooks picked here
+(:func:`handling_hooks`) and composes them itself (``streamworks/runtime/chain.py``).
 """
 
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from streamworks.exceptions import ConfigurationError
+from streamworks.runtime.chain import HandleNext, HandlingChain, HandlingHooks
 
 if TYPE_CHECKING:
     from streamworks.runtime.message import Context, Message
@@ -57,12 +59,9 @@ __all__ = (
     "PublishNext",
     "check_middleware",
     "compose_publish",
+    "handling_hooks",
 )
 
-log = logging.getLogger("streamworks.middleware")
-
-#: ``call_next`` of :meth:`Middleware.handle`.
-HandleNext = Callable[["Context"], Awaitable[None]]
 #: ``call_next`` of :meth:`Middleware.publish`.
 PublishNext = Callable[[str, Sequence["Record"]], Awaitable[list["Published"]]]
 
@@ -107,13 +106,16 @@ def check_middleware(middleware: Sequence[Any]) -> Sequence[Middleware]:
     return middleware
 
 
-def _handle_layer(middleware: Middleware, call_next: HandleNext) -> HandleNext:
-    hook = middleware.handle
-
-    async def call(ctx: Context) -> None:
-        await hook(ctx, call_next)
-
-    return call
+def handling_hooks(middleware: Sequence[Any]) -> HandlingHooks:
+    """The hooks of ``middleware`` that wrap handling, outermost first: those it
+    overrides (the runtime composes them into a :class:`HandlingChain`)."""
+    items = check_middleware(middleware)
+    return HandlingHooks(
+        handle=tuple(item.handle for item in items if _overrides(item, "handle")),
+        dead_lettered=tuple(
+            item.dead_lettered for item in items if _overrides(item, "dead_lettered")
+        ),
+    )
 
 
 def _publish_layer(middleware: Middleware, call_next: PublishNext) -> PublishNext:
@@ -123,53 +125,6 @@ def _publish_layer(middleware: Middleware, call_next: PublishNext) -> PublishNex
         return await hook(stream, records, call_next)
 
     return call
-
-
-class HandlingChain:
-    """An app's handling middleware around one handler, composed once per worker.
-
-    Args:
-        middleware: the app's middleware, outermost first.
-        call: runs the handler itself: ``call(value, message, ctx)``.
-    """
-
-    __slots__ = ("_dead_letter_hooks", "_run")
-
-    def __init__(self, middleware: Sequence[Middleware], call: Callable[..., Awaitable[None]]):
-        async def handler(ctx: Context) -> None:
-            await call(ctx.value, ctx.message, ctx)
-
-        run: HandleNext = handler
-        for item in reversed(middleware):
-            if _overrides(item, "handle"):
-                run = _handle_layer(item, run)
-        self._run = run
-        self._dead_letter_hooks = tuple(
-            item.dead_lettered for item in middleware if _overrides(item, "dead_lettered")
-        )
-
-    @classmethod
-    def build(
-        cls, middleware: Sequence[Any], call: Callable[..., Awaitable[None]]
-    ) -> HandlingChain | None:
-        """The chain, or None when no middleware wraps handling (the plain path)."""
-        items = check_middleware(middleware)
-        if not any(_overrides(i, "handle") or _overrides(i, "dead_lettered") for i in items):
-            return None
-        return cls(items, call)
-
-    async def run(self, ctx: Context, value: Any) -> None:
-        """Run the chain and the handler on ``value``; raises what the chain raised."""
-        ctx.value = value
-        await self._run(ctx)
-
-    async def dead_lettered(self, message: Message, reason: str, error: str) -> None:
-        """Tell every middleware; a hook that fails is logged and the others still run."""
-        for hook in self._dead_letter_hooks:
-            try:
-                await hook(message, reason, error)
-            except Exception:
-                log.exception("middleware dead_lettered hook %r failed", hook)
 
 
 def compose_publish(middleware: Sequence[Any], producer: Producer) -> PublishNext | None:

@@ -32,7 +32,7 @@ from streamworks.runtime.handler import CallPlan, _value_decoder
 from streamworks.runtime.message import Message
 
 if TYPE_CHECKING:
-    from streamworks.app import App
+    from streamworks.runtime.app_view import AppView
     from streamworks.runtime.producer import Published
 
 __all__ = ("BatchContext", "ItemFailure", "batch_plan")
@@ -63,7 +63,7 @@ class BatchContext:
 
     def __init__(
         self,
-        app: App,
+        app: AppView,
         messages: Sequence[Message],
         idempotency_keys: Sequence[str | None],
         logger: logging.LoggerAdapter[Any],

@@ -24,7 +24,7 @@ from streamworks.runtime.routing import RoutingSource
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
-    from streamworks.app import App
+    from streamworks.runtime.app_view import AppView
 
 __all__ = ("Connection", "create_producer", "dedup_windows", "open_connection")
 
@@ -46,7 +46,7 @@ class Connection:
 
 
 def create_producer(
-    app: App,
+    app: AppView,
     settings: Settings,
     redis: Any,
     scripts: Scripts,
@@ -72,7 +72,7 @@ def create_producer(
     )
 
 
-def dedup_windows(app: App, settings: Settings) -> dict[str, float]:
+def dedup_windows(app: AppView, settings: Settings) -> dict[str, float]:
     """Stream -> how long its idempotent-publish records live (s): the stream's
     ``dedup_window``, or ``producer.dedup_ttl`` when the operator set it (one knob
     for the memory those records take, whatever each app declared). Streams
@@ -87,7 +87,7 @@ def dedup_windows(app: App, settings: Settings) -> dict[str, float]:
 
 @contextlib.asynccontextmanager
 async def open_connection(
-    app: App,
+    app: AppView,
     settings: Settings,
     *,
     redis: Any = None,

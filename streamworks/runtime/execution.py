@@ -14,7 +14,7 @@ dispatcher gives it a turn:
 4. idempotency — with ``idempotency_key=``, a key already completed means a
    duplicate: ack without calling the handler (E23);
 5. the handler — async in place, sync in a worker thread, inside the app's
-   middleware if it has any (``streamworks/middleware.py``); ``Skip`` acks;
+   middleware if it has any (``runtime/chain.py``); ``Skip`` acks;
    ``Retry``, any exception (even ``SystemExit`` or a ``CancelledError`` the handler
    raised itself) and timeouts count as failed attempts — a handler cannot take the
    worker down;
@@ -40,7 +40,7 @@ from redis.exceptions import RedisError
 
 from streamworks.clock import boottime
 from streamworks.exceptions import DecodeError, Retry, Skip
-from streamworks.middleware import HandlingChain
+from streamworks.runtime.chain import HandlingChain
 from streamworks.runtime.dead_letter import (
     DeadLetters,
     Written,
@@ -69,8 +69,8 @@ from streamworks.runtime.ownership import FirstSteps, RunCancelled
 from streamworks.runtime.rate_gate import gated
 
 if TYPE_CHECKING:
-    from streamworks.app import App
     from streamworks.runtime.acks import Acker
+    from streamworks.runtime.app_view import AppView
     from streamworks.runtime.idempotency import IdempotencyStore
     from streamworks.runtime.worker import Worker
 
@@ -98,7 +98,7 @@ class HandlerRuntime:
         idempotency: IdempotencyStore | None,
     ) -> None:
         self.worker = worker
-        self.app: App = worker.app
+        self.app: AppView = worker.app
         self.spec = spec
         self.plan = spec.plan
         self.acker = acker
@@ -115,7 +115,7 @@ class HandlerRuntime:
         )
         self.dead_letter_key = self._letters.key
         # The app's middleware around this handler (None without any: the plain path).
-        self._middleware = HandlingChain.build(self.app.middleware, self._call)
+        self._middleware = HandlingChain.build(self.app.handling_hooks, self._call)
         simple = (
             self._middleware is None
             and self.plan.is_async

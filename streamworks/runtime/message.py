@@ -15,7 +15,7 @@ from streamworks.exceptions import DecodeError
 from streamworks.protocol.envelope import FORMAT_VERSION, MAX_PAYLOAD, NO_HEADERS, parse_fields
 
 if TYPE_CHECKING:
-    from streamworks.app import App
+    from streamworks.runtime.app_view import AppView
     from streamworks.runtime.producer import Published
     from streamworks.runtime.reader import ShardReader
 
@@ -284,7 +284,7 @@ class Context:
 
     def __init__(
         self,
-        app: App,
+        app: AppView,
         message: Message,
         logger: logging.LoggerAdapter[Any],
         member_id: str = "",

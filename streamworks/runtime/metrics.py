@@ -187,7 +187,7 @@ class WorkerMetrics:
 
     def producer(self) -> Producer | None:
         """The producer of the app's open connection (publish metrics), if any."""
-        connection = self.worker.app._connection
+        connection = self.worker.app.current_connection
         return None if connection is None else connection.producer
 
     async def refresh_positions(self) -> None:

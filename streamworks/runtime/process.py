@@ -26,14 +26,14 @@ from streamworks.runtime.worker import Worker
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
-    from streamworks.app import App
+    from streamworks.runtime.app_view import AppView
 
 __all__ = ("freeze_startup_heap", "open_worker")
 
 
 @contextlib.asynccontextmanager
 async def open_worker(
-    app: App,
+    app: AppView,
     settings: Settings,
     *,
     redis: Any = None,

@@ -44,7 +44,7 @@ from streamworks.runtime.waiter import IdleWaiter
 from streamworks.settings import Settings
 
 if TYPE_CHECKING:
-    from streamworks.app import App
+    from streamworks.runtime.app_view import AppView
     from streamworks.runtime.assignment import AssignmentSource
 
 __all__ = ("Worker", "WorkerStatistics")
@@ -70,7 +70,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: AppView,
         redis: Any,
         assignment: AssignmentSource,
         *,

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from streamworks.runtime.connection import Connection
     from streamworks.runtime.handler import HandlerSpec
     from streamworks.runtime.idempotency import IdempotencyStore
-    from streamworks.runtime.producer import Published, Record
+    from streamworks.runtime.producer import Published
     from streamworks.runtime.schedule_spec import ScheduleSpec
     from streamworks.runtime.stream_spec import StreamSpec
     from streamworks.settings import Settings
@@ -101,9 +101,6 @@ class AppView(Protocol):
         headers: Mapping[str, str] | None = None,
     ) -> Published:
         """Publish one message to ``stream``."""
-
-    async def publish_many(self, stream: str, records: Sequence[Record]) -> list[Published]:
-        """Publish records in one pipeline."""
 
     def publish_sync(
         self,

@@ -6,7 +6,7 @@ database refuses (a negative value breaks the table's CHECK) is failed alone wit
 batch is stored and acked. A batch may run again (a crash before its acks):
 ``ON CONFLICT (id) DO NOTHING`` makes that harmless. Run it as a service::
 
-    STREAMWORKS_READINGS_DB=/var/lib/meters.db streamworks worker examples.batch_writer.app:app
+    METERS_READINGS_DB=/var/lib/meters.db streamworks worker examples.batch_writer.app:app
 
 or ``python -m examples.batch_writer.app`` for a demo on an embedded Redis.
 """
@@ -41,7 +41,7 @@ def database(path: str | Path | None = None) -> sqlite3.Connection:
     """The readings database (opened once per process)."""
     global _db
     if _db is None:
-        path = path or os.environ.get("STREAMWORKS_READINGS_DB", "readings.db")
+        path = path or os.environ.get("METERS_READINGS_DB", "readings.db")
         _db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         _db.execute("PRAGMA journal_mode=WAL")
         _db.execute(

@@ -96,6 +96,7 @@ class FeatureReport:
     delayed_entered_twice: list[str] = field(default_factory=list)
     lateness_ms: list[float] = field(default_factory=list)  # due -> first run's start
     leftover_keys: list[str] = field(default_factory=list)
+    delayed_on_retired: int = 0  # stored on a shard a scale-in retired by the end
     schedules: int = 0
     ticks: int = 0
     duplicate_ticks: list[str] = field(default_factory=list)
@@ -147,6 +148,7 @@ class FeatureReport:
                 "delayed entered twice on a shard / delayed keys left behind",
                 f"{len(self.delayed_entered_twice)} / {len(self.leftover_keys)}",
             ),
+            ("  delayed stored on a shard retired by a scale-in", str(self.delayed_on_retired)),
             ("schedule ticks in the target stream (schedules)", f"{self.ticks} ({self.schedules})"),
             (
                 "**ticks twice / missing / early**",
@@ -162,6 +164,7 @@ class FeatureReport:
             delayed=self.delayed,
             delayed_handled=self.delayed_handled,
             delayed_runs=self.delayed_runs,
+            delayed_on_retired=self.delayed_on_retired,
             lateness_ms=_spread(self.lateness_ms),
             ticks=self.ticks,
             schedules=self.schedules,

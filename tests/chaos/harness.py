@@ -1431,6 +1431,10 @@ class ChaosRun(NewFaults, Servers):
         features.leftover_keys = await leftover_delayed_keys(
             self.redis, PREFIX, STREAM, shards.get(STREAM, [])
         )
+        active = set(shards.get(STREAM, []))
+        features.delayed_on_retired = sum(
+            1 for p in self.producers for a in p.acked if a.due_ms and a.shard not in active
+        )
 
     def _scan_logs(self) -> dict[str, int]:
         patterns = {

@@ -354,6 +354,7 @@ def check(
     deaths: Mapping[int, float] | None = None,
     run_end: float | None = None,
     delayed: Sequence[DelayedStart] = (),
+    wall_offset: float = 0.0,
 ) -> CheckReport:
     """Run checks (a)–(d) of the module docstring.
 
@@ -365,6 +366,8 @@ def check(
         run_end: when the run was over; a run with no end record whose process was
             never seen dying is taken to have run until then.
         delayed: the start records of delayed messages (``feature_checks.py``).
+        wall_offset: wall clock minus monotonic clock (s), to set the fault windows
+            against entry ids (the Redis clock).
     """
     report = CheckReport(runs=len(runs))
     acked = list(acked)
@@ -378,7 +381,14 @@ def check(
     excused = _check_ownership(report, runs, faults)
     _check_order(report, runs, excused)
     _classify_duplicates(report, runs, acked, dead, faults)
-    check_delays(report.features, runs, acked, dead, delayed, main_group=main_group)
+    failovers = [
+        ((f.start + wall_offset) * 1000, (f.end + wall_offset) * 1000)
+        for f in faults
+        if f.kind == "redis-failover"
+    ]
+    check_delays(
+        report.features, runs, acked, dead, delayed, main_group=main_group, failovers_ms=failovers
+    )
     return report
 
 

@@ -1395,6 +1395,7 @@ class ChaosRun(NewFaults, Servers):
             deaths=self.deaths,
             run_end=time.monotonic(),
             delayed=delayed_starts(reader.lines),
+            wall_offset=time.time() - time.monotonic(),
         )
         await self._check_features(report.features)
         (self.workdir / "dead_letters.json").write_text(json.dumps([asdict(d) for d in dead]))

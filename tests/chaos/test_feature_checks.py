@@ -13,7 +13,7 @@ import orjson
 
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
-from tests.chaos.checker import Acked, DeadLetter, check, parse_log
+from tests.chaos.checker import Acked, DeadLetter, FaultWindow, check, parse_log
 from tests.chaos.feature_checks import (
     CLOCK_TOLERANCE_MS,
     TICK_MS,
@@ -213,3 +213,21 @@ async def test_ticks_and_leftover_delayed_keys_are_read_from_redis(
             f"{keyspace.delayed_counter(retired)} (shard retired)",
         ]
     )
+
+
+def test_a_second_entry_after_a_redis_failover_is_counted_not_failed() -> None:
+    log = Log()
+    log.run("p0-1", f"{DUE}-0", due=DUE, wall_ms=DUE + 1)  # its move lost by the failover
+    log.run("p0-1", f"{DUE + 3000}-0", due=DUE, wall_ms=DUE + 3001)  # moved again
+    runs = parse_log(log.lines)
+    starts = delayed_starts(log.lines)
+    # A failover window between the two entries (monotonic s + wall offset = wall s).
+    failover = FaultWindow("redis-failover", "redis", 1.0, 2.0)
+    offset = DUE / 1000 - 0.5
+    report = check(runs, [delayed("p0-1")], [], [failover], delayed=starts, wall_offset=offset)
+    assert report.features.ok, report.features.failures()
+    assert len(report.features.moved_again_after_failover) == 1
+    # The same failover long before: the second entry is a violation.
+    early = FaultWindow("redis-failover", "redis", -100.0, -99.0)
+    bad = check(runs, [delayed("p0-1")], [], [early], delayed=starts, wall_offset=offset)
+    assert bad.features.delayed_entered_twice and not bad.ok

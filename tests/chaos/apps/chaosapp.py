@@ -86,7 +86,7 @@ app.stream(STREAM, shards=SHARDS, min_replicas=MIN_REPLICAS)
 TICKS = "chaos-ticks"
 TICK_SHARDS = 2
 if os.environ.get("CHAOS_SCHEDULE", "1" if GROUP == "chaos" else "") == "1":
-    app.stream(TICKS, shards=TICK_SHARDS)
+    app.stream(TICKS, shards=TICK_SHARDS, min_replicas=MIN_REPLICAS)
 
     @app.schedule("tick", stream=TICKS, every=timedelta(seconds=1), catch_up="all")
     def tick(tick: Tick) -> None: ...

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from streamworks.runtime.reader import ShardReader
     from streamworks.runtime.worker import Worker
 
-__all__ = ("acked", "answered", "delivered", "released")
+__all__ = ("acked", "answered", "delivered", "released", "released_shard")
 
 
 def answered(worker: Worker, response: HeartbeatResponse, grants: Mapping[ShardId, str]) -> None:
@@ -42,14 +42,21 @@ def answered(worker: Worker, response: HeartbeatResponse, grants: Mapping[ShardI
 
 def released(worker: Worker, reader: ShardReader) -> None:
     """The last run of ``reader``'s shard ended: the member no longer holds it."""
+    if not reader.deletes_acked:
+        released_shard(worker, reader.shard_name, reader.token, reader.stop_reason)
+
+
+def released_shard(worker: Worker, shard: str, token: str, reason: str | None) -> None:
+    """The last run on ``shard`` (a read shard, or the schedule shard) ended: the
+    member no longer holds it."""
     sink = history.sink
-    if sink is not None and not reader.deletes_acked:
+    if sink is not None:
         sink.release(
             group=worker.group,
             member=worker.member_id,
-            shard=reader.shard_name,
-            token=history.token_of(reader.token),
-            reason=reader.stop_reason or "stopped",
+            shard=shard,
+            token=history.token_of(token),
+            reason=reason or "stopped",
         )
 
 

@@ -254,7 +254,7 @@ class CoordinatorAssignment:
             log.info("no longer owns %s (moved while its lease had lapsed)", _names(lost))
             worker.drop_shards(lost)
         worker.apply_assignment(grants)
-        history.answered(worker, response, grants)
+        history.answered(worker, response, worker.applied(grants))
 
     def _accepted_grants(self, worker: Worker, response: HeartbeatResponse) -> dict[ShardId, str]:
         """The grants to read under (shard -> fence token), without any whose token is

@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 from streamworks.exceptions import StreamworksError
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.keyspace import Keyspace
+from streamworks.runtime import history
 from streamworks.runtime.metrics import FastHistogram
 from streamworks.runtime.ownership import RunCancelled
 from streamworks.runtime.reader import ReaderState
@@ -111,6 +112,8 @@ class Scheduler:
             await runner.run()
         finally:
             await self.worker.runs.wait_ended([runner.shard_name])
+            # The handover is a protocol step like a read shard's (the trace check).
+            history.released_shard(self.worker, runner.shard_name, runner.token, runner.stop_reason)
             if self.runners.get(runner.shard) is runner:
                 del self.runners[runner.shard]
             self.worker.revoking.discard(runner.shard)

@@ -220,6 +220,15 @@ class Worker:
         """Shards told to drain and still draining (reported as ``revokingShards``)."""
         return frozenset(self.revoking)
 
+    def applied(self, grants: Mapping[ShardId, str]) -> Mapping[ShardId, str]:
+        """The part of ``grants`` this member acts on (for the protocol history): all of
+        them, or, while stopping (it applies none), those it still holds — a shard it
+        released is not taken again by an answer that still lists it."""
+        if not self._stopping:
+            return grants
+        owned = self.owned_shards()
+        return {shard: token for shard, token in grants.items() if shard in owned}
+
     def apply_assignment(self, grants: Mapping[ShardId, str]) -> None:
         """Read exactly ``grants`` (shard -> grant token) from now on.
 

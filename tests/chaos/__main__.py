@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cover-all", action="store_true", help="begin with every fault kind")
     parser.add_argument("--long-work", type=float, default=4.0, help="longest handler run (s)")
     parser.add_argument("--long-share", type=float, default=0.01, help="share of long runs")
+    parser.add_argument("--delay-share", type=float, default=0.1, help="share with delay=")
+    parser.add_argument("--max-delay", type=float, default=5.0, help="longest delay= (s)")
     parser.add_argument("--settle-timeout", type=float, default=240)
     parser.add_argument("--workdir", type=Path, default=None, help="logs and report (temp dir)")
     parser.add_argument("--acl", action="store_true", help="processes as role ACL users")
@@ -53,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         cover_all=args.cover_all,
         long_work=args.long_work,
         long_share=args.long_share,
+        delay_share=args.delay_share,
+        max_delay=args.max_delay,
         settle_timeout=args.settle_timeout,
         workdir=args.workdir,
         acl=args.acl,

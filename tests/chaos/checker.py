@@ -32,6 +32,8 @@ Checks, each with its figures:
     Redis restarted, its coordinator path cut …); an event id written to two entries
     is a duplicate write (a publish retried after an unknown outcome that landed on
     another shard: idempotent publish is per shard, E18).
+(e) **delayed messages and schedules** — none lost, none early, no tick twice or
+    missing: ``feature_checks.py`` (its report is :attr:`CheckReport.features`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from tests.chaos.feature_checks import DelayedStart, FeatureReport, check_delays
 
 __all__ = (
     "Acked",
@@ -221,6 +225,7 @@ class Acked:
     retried: bool = False  # an earlier attempt of this publish raised
     poison: bool = False  # the message asks to fail on every attempt
     t: float = 0.0  # monotonic time its first publish attempt began
+    due_ms: int | None = None  # a delayed publish: its due time (Redis clock); entry ''
 
 
 @dataclass(frozen=True)
@@ -299,10 +304,11 @@ class CheckReport:
     interrupted: int = 0
     local_ends: int = 0  # runs whose end came from the worker's local file only
     anomalies: list[str] = field(default_factory=list)  # reported, not failing
+    features: FeatureReport = field(default_factory=FeatureReport)  # delays, schedules
 
     @property
     def ok(self) -> bool:
-        return not (
+        return self.features.ok and not (
             self.lost
             or self.lost_entries
             or self.overlap_violations
@@ -329,7 +335,7 @@ class CheckReport:
         ):
             if items:
                 out.append(f"{name}: {len(items)}, e.g. " + "; ".join(items[:5]))
-        return out
+        return out + self.features.failures()
 
 
 def _entry_order(entry: str) -> tuple[int, int]:
@@ -347,6 +353,8 @@ def check(
     subscriptions: Sequence[Subscription] = (),
     deaths: Mapping[int, float] | None = None,
     run_end: float | None = None,
+    delayed: Sequence[DelayedStart] = (),
+    wall_offset: float = 0.0,
 ) -> CheckReport:
     """Run checks (a)–(d) of the module docstring.
 
@@ -357,6 +365,9 @@ def check(
             a run without an end record ended by then.
         run_end: when the run was over; a run with no end record whose process was
             never seen dying is taken to have run until then.
+        delayed: the start records of delayed messages (``feature_checks.py``).
+        wall_offset: wall clock minus monotonic clock (s), to set the fault windows
+            against entry ids (the Redis clock).
     """
     report = CheckReport(runs=len(runs))
     acked = list(acked)
@@ -370,6 +381,14 @@ def check(
     excused = _check_ownership(report, runs, faults)
     _check_order(report, runs, excused)
     _classify_duplicates(report, runs, acked, dead, faults)
+    failovers = [
+        ((f.start + wall_offset) * 1000, (f.end + wall_offset) * 1000)
+        for f in faults
+        if f.kind == "redis-failover"
+    ]
+    check_delays(
+        report.features, runs, acked, dead, delayed, main_group=main_group, failovers_ms=failovers
+    )
     return report
 
 
@@ -394,7 +413,11 @@ def _check_loss(
     for a in acked:
         if a.id not in handled and a.id not in dead_ids:
             report.lost.append(f"{a.id} (published to {a.shard} {a.entry})")
-        elif (a.shard, a.entry) not in handled_entries and (a.shard, a.entry) not in dead_entries:
+        elif (
+            a.entry
+            and (a.shard, a.entry) not in handled_entries
+            and (a.shard, a.entry) not in dead_entries
+        ):
             report.lost_entries.append(f"{a.shard} {a.entry} ({a.id})")
     report.failed_on_purpose = sum(1 for r in runs if r.fail_seq is not None)
     report.interrupted = sum(1 for r in runs if r.end_seq is None and r.fail_seq is None)

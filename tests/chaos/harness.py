@@ -63,6 +63,14 @@ from tests.chaos.checker import (
 )
 from tests.chaos.failover import RedisPair
 from tests.chaos.fault_kinds import NewFaults, http_proxy_name
+from tests.chaos.feature_checks import (
+    FeatureReport,
+    TickEntry,
+    check_ticks,
+    delayed_starts,
+    leftover_delayed_keys,
+    read_ticks,
+)
 from tests.chaos.proxy import ProxyHub
 from tests.chaos.schedule import Fault, format_schedule, kinds, make_schedule
 from tests.chaos.servers import Servers
@@ -97,6 +105,8 @@ class ChaosConfig:
     late_group: bool = True  # a second group subscribes mid-run, is unsubscribed, back
     flaky: float = 0.02  # share of messages failing their first attempt
     poison: float = 0.001  # share failing every attempt (-> DLQ)
+    delay_share: float = 0.1  # share published with delay= (feature_checks.py) ...
+    max_delay: float = 5.0  # ... of 0.2 s up to this long
     gap: tuple[float, float] = (3.0, 8.0)  # between fault starts (s)
     cover_all: bool = False  # start with one fault of every kind
     settle_timeout: float = 240.0
@@ -117,6 +127,8 @@ class ChaosConfig:
             f"--gap {self.gap[0]:g},{self.gap[1]:g}",
             f"--long-work {self.long_work:g}",
             f"--long-share {self.long_share:g}",
+            f"--delay-share {self.delay_share:g}",
+            f"--max-delay {self.max_delay:g}",
         ]
         if self.cover_all:
             args.append("--cover-all")
@@ -262,6 +274,7 @@ class ChaosResult:
             )
         )
         rows += [(f"  {cause}", str(n)) for cause, n in r.reruns_after_interrupt.most_common()]
+        rows += r.features.rows()
         rows.append(
             (
                 "final state",
@@ -332,6 +345,7 @@ class ChaosResult:
             "duplicate_write_examples": r.duplicate_write_examples,
             "reruns_after_interrupt": dict(r.reruns_after_interrupt),
             "rerun_examples": r.rerun_examples,
+            "features": r.features.as_json(),
             "final_state": self.final_state,
             "anomalies": self.anomalies[:200],
             "log_lines": self.log_lines,
@@ -415,6 +429,9 @@ class Producer:
             self.run_.long_runs += 1
         if work:
             value["work"] = work
+        delay = None
+        if self.rng.random() < self.config.delay_share:
+            delay = round(self.rng.uniform(0.2, self.config.max_delay), 3)
         if poison:
             value["poison"] = True
             key = f"poison-{event_id}"
@@ -422,7 +439,7 @@ class Producer:
             key = f"p{self.index}k{self.rng.randrange(self.config.keys)}"
             if self.rng.random() < self.config.flaky:
                 value["flaky"] = True
-        return Record(value, key=key, event_id=event_id), poison
+        return Record(value, key=key, event_id=event_id, delay=delay), poison
 
     async def run(self, stop: anyio.Event) -> None:
         interval = self.batch / self.rate
@@ -472,11 +489,12 @@ class Producer:
                     record.event_id or "",
                     record.key,
                     published.shard,
-                    published.entry_id,
+                    published.entry_id or "",  # '': delayed, not in the stream yet
                     published.duplicate,
                     retried,
                     poison,
                     begun,
+                    published.due_ms,
                 )
             )
 
@@ -553,6 +571,7 @@ class ChaosRun(NewFaults, Servers):
         self.pair: RedisPair | None = None
         self.paused_in_flight = 0  # coordinator pauses that caught a request inside
         self.windows_failover: list[dict[str, Any]] = []
+        self.healed_ms = 0  # wall clock ms when the faults were healed
 
     # -- output --------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -747,6 +766,7 @@ class ChaosRun(NewFaults, Servers):
                     await self._late_done.wait()
                 self.say("fault phase over: healing")
                 await self._heal()
+                self.healed_ms = int(time.time() * 1000)  # schedules must tick after it
                 # A little traffic on the healed system, then stop the producers.
                 await anyio.sleep(3)
                 stop.set()
@@ -819,6 +839,9 @@ class ChaosRun(NewFaults, Servers):
             await self.start_replica(replica)
         async with self.client() as client:
             await client.create_stream(STREAM, config.shards)
+            # The chaos app's schedule: its target stream and the schedules' stream.
+            await client.create_stream(chaosapp.TICKS, chaosapp.TICK_SHARDS)
+            await client.create_stream(Keyspace.SCHEDULE_STREAM, 1)
         for slot in self.slots:
             self.start_worker(slot)
         await self._wait_group(config.workers, timeout=60)
@@ -1371,7 +1394,10 @@ class ChaosRun(NewFaults, Servers):
             subscriptions=self.subscriptions,
             deaths=self.deaths,
             run_end=time.monotonic(),
+            delayed=delayed_starts(reader.lines),
+            wall_offset=time.time() - time.monotonic(),
         )
+        await self._check_features(report.features)
         (self.workdir / "dead_letters.json").write_text(json.dumps([asdict(d) for d in dead]))
         # Kept for a post-mortem.
         lines = reader.lines
@@ -1383,6 +1409,33 @@ class ChaosRun(NewFaults, Servers):
             _write_gz, self.workdir / "acked.jsonl.gz", [json.dumps(a).encode() for a in acked_rows]
         )
         return report
+
+    async def _check_features(self, features: FeatureReport) -> None:
+        """The schedule's ticks (waiting, bounded, for one after the heal) and the
+        delayed keys left at the end (feature_checks.py)."""
+        status = await self._status()
+        shards = {
+            s.name: [x.shard for x in s.shards if x.state != "RETIRED"] for s in status.streams
+        }
+        ticks: list[TickEntry] = []
+
+        async def ticked() -> bool:
+            nonlocal ticks
+            ticks = await read_ticks(self.redis, PREFIX, shards.get(chaosapp.TICKS, []))
+            return any(t.tick_ms >= self.healed_ms for t in ticks)
+
+        try:
+            await wait_until(ticked, 30, "a schedule tick after the heal", 1.0)
+        except AssertionError:
+            pass  # check_ticks names the schedule that stopped
+        check_ticks(features, ticks, healed_ms=self.healed_ms)
+        features.leftover_keys = await leftover_delayed_keys(
+            self.redis, PREFIX, STREAM, shards.get(STREAM, [])
+        )
+        active = set(shards.get(STREAM, []))
+        features.delayed_on_retired = sum(
+            1 for p in self.producers for a in p.acked if a.due_ms and a.shard not in active
+        )
 
     def _scan_logs(self) -> dict[str, int]:
         patterns = {

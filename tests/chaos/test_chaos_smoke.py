@@ -16,7 +16,10 @@ restarted), and a second group subscribes mid-run, is unsubscribed through
 *intervals* across members per shard and group, and that ``ctx.fencing_token`` never
 goes down per shard and group; the trace check replays the protocol steps every
 process recorded against the model's invariants (``tests/chaos/trace_check.py``) and
-prints the first offending step, if any. ``CHAOS_SEED=<n>`` runs another schedule; the
+prints the first offending step, if any. A share of the messages is published with
+``delay=`` and the app runs a schedule every second (``catch_up="all"``): none of
+either may be lost, early or twice (``tests/chaos/feature_checks.py``).
+``CHAOS_SEED=<n>`` runs another schedule; the
 seed and the replay command are printed either way (pytest shows them when the test
 fails).
 
@@ -82,3 +85,13 @@ async def test_chaos_smoke_every_fault_kind_nothing_lost(
     failovers = rows.get("Redis failovers: that lost writes / replication bytes lost", "")
     assert not REPLICA or not failovers.startswith("0 of"), result.table()
     assert result.report.tokens_checked == result.report.runs > 0, result.table()
+    # Delayed messages and the schedule under the same faults (feature_checks.py):
+    # every delayed message handled, none before its due time, none entered twice, no
+    # delayed key left; every tick once, none missing, none early, ticking to the end.
+    features = result.report.features
+    assert features.ok, "\n".join([*features.failures(), result.table()])
+    assert features.delayed > 100 and features.delayed_runs >= features.delayed, result.table()
+    assert features.delayed_handled + features.delayed_dead_lettered == features.delayed
+    assert not features.delayed_lost and not features.early_runs and not features.early_entries
+    assert features.schedules == 1 and features.ticks >= 0.8 * config.duration, result.table()
+    assert not features.duplicate_ticks and not features.tick_gaps and not features.early_ticks

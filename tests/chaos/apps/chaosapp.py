@@ -34,7 +34,13 @@ thread, sleeping with ``time.sleep`` — it cannot be cancelled, so a run that o
 its lease makes the worker fail-stop, exit code 75), ``CHAOS_MAX_ATTEMPTS`` (default
 15: a handler whose Redis writes fail during a cut or a Redis restart fails attempts
 quickly), ``CHAOS_CONCURRENCY`` (default 16), ``CHAOS_ORDERING`` (default ``key``),
-``CHAOS_ENDS_DIR`` (where the local end records go; none when unset).
+``CHAOS_ENDS_DIR`` (where the local end records go; none when unset), ``CHAOS_SCHEDULE``
+(``1``, the default in group ``chaos``: run the schedule ``tick``, every second to the
+stream ``chaos-ticks``).
+
+A delayed message's start record also has its due time ``d`` (``Message.due_at``, ms,
+Redis clock) and the run's wall-clock entry time ``w`` (``time.time()``), for the
+delayed-message checks (``tests/chaos/feature_checks.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import itertools
 import os
 import threading
 import time
+from datetime import timedelta
 from typing import Any, Literal, cast
 
 import anyio
@@ -51,7 +58,7 @@ import redis as redis_sync
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
-from streamworks import App, Context, RetryPolicy
+from streamworks import App, Context, RetryPolicy, Tick
 from streamworks.protocol.shards import ShardId
 from streamworks.redis.client import create_redis
 from streamworks.settings import Settings
@@ -73,6 +80,16 @@ LOG_REDIS_URL = os.environ.get("CHAOS_LOG_REDIS_URL", "")
 
 app = App(GROUP)
 app.stream(STREAM, shards=SHARDS, min_replicas=MIN_REPLICAS)
+
+# A schedule under the faults (tests/chaos/feature_checks.py): a tick every second,
+# every missed one published, to a stream nobody consumes (the harness reads it back).
+TICKS = "chaos-ticks"
+TICK_SHARDS = 2
+if os.environ.get("CHAOS_SCHEDULE", "1" if GROUP == "chaos" else "") == "1":
+    app.stream(TICKS, shards=TICK_SHARDS, min_replicas=MIN_REPLICAS)
+
+    @app.schedule("tick", stream=TICKS, every=timedelta(seconds=1), catch_up="all")
+    def tick(tick: Tick) -> None: ...
 
 
 class Event(BaseModel):
@@ -192,12 +209,20 @@ def _ended(head: dict[str, Any], error: BaseException | None) -> tuple[dict[str,
     return record, [line, *_take_unsent()]
 
 
+def _due(ctx: Context, wall: float) -> dict[str, Any]:
+    """For a delayed message's start record: its due time (ms, Redis clock) and the
+    run's wall-clock entry time (s): the checker proves none ran early."""
+    due = ctx.message.due_at
+    return {} if due is None else {"d": due, "w": wall}
+
+
 def _should_fail(event: Event, ctx: Context) -> bool:
     return event.poison or (event.flaky and ctx.message.attempt == 1)
 
 
 async def _record_async(event: Event, ctx: Context) -> None:
     entered = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes (Linux)
+    wall = time.time()
     conn = ctx.app.connection
     redis: Any = _async_recorder(conn.redis)
     prefix = conn.keyspace.prefix
@@ -207,7 +232,7 @@ async def _record_async(event: Event, ctx: Context) -> None:
     try:
         # Inside the try: a start record written whose reply is lost (Redis restarted,
         # the process frozen past its read timeout) still gets its end record.
-        start = orjson.dumps({**head, "ev": "start", "t": entered}).decode()
+        start = orjson.dumps({**head, "ev": "start", "t": entered, **_due(ctx, wall)}).decode()
         if LOG_REDIS_URL:
             # The fence read first, then the record elsewhere. A read that fails is
             # recorded all the same (fence "?", the run raises at once, having done
@@ -296,13 +321,14 @@ def _client() -> redis_sync.Redis:
 
 def _record_sync(event: Event, ctx: Context) -> None:
     entered = time.monotonic()
+    wall = time.time()
     client = _client()
     prefix = ctx.app.connection.keyspace.prefix
     fence_key = ctx.app.connection.keyspace.fence(ShardId.parse(ctx.message.shard), GROUP)
     head = _head(event, ctx)
     error: BaseException | None = None
     try:
-        start = orjson.dumps({**head, "ev": "start", "t": entered}).decode()
+        start = orjson.dumps({**head, "ev": "start", "t": entered, **_due(ctx, wall)}).decode()
         if LOG_REDIS_URL:
             failed: BaseException | None = None
             try:

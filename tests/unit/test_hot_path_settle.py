@@ -32,6 +32,7 @@ def _worker(handler: Callable[[bytes], Awaitable[None]]) -> tuple[Worker, ShardR
     worker = Worker(app, create_redis(settings), StaticAssignment({}), settings=settings,
                     member_id=member)  # fmt: skip
     reader = ShardReader(worker, ShardId("orders", 0), f"1:{member}", worker.handlers["orders"])
+    reader.recovering = False  # past its takeover round: what a live read takes is delivered
     return worker, reader
 
 

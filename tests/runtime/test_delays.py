@@ -299,7 +299,7 @@ async def test_a_publish_that_becomes_the_earliest_wakes_the_mover(
         await wait_for(lambda: worker.waiter.statistics()["waiting"] == 1, 5, "the mover asleep")
         assert seen == []
         soon = await app.publish("reminders", ["soon"], delay=0.3)
-        await wait_for(lambda: len(seen) == 1, 5, "the earlier message, well before the poll")
+        await wait_for(lambda: len(seen) == 1, 20, "the earlier message, well before the poll")
         assert seen[0][0] == ["soon"]
         assert soon.due_ms is not None
         assert time.time() * 1000 - soon.due_ms < 3_000
